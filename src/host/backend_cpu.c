@@ -1,0 +1,227 @@
+/* The CPU backend: the same chunk table in host memory, OpenMP over chunks,
+ * inner loops the compiler vectorises. The formulas come from step_math.h,
+ * shared with the CUDA backend. Built without -ffast-math and with
+ * -ffp-contract=off, so the only fused multiply-adds are the explicit fmaf()s. */
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "internal.h"
+
+static mtopt_status_t cpu_init(mtopt_context_t *ctx) {
+  (void)ctx;
+  return MTOPT_STATUS_SUCCESS;
+}
+
+static void cpu_fini(mtopt_context_t *ctx) { (void)ctx; }
+
+static mtopt_status_t cpu_alloc(mtopt_context_t *ctx, size_t bytes, void **out) {
+  const size_t rounded = (bytes + 255) / 256 * 256;
+  void *p = aligned_alloc(256, rounded ? rounded : 256);
+  if (!p)
+    return mtopt__error(ctx, MTOPT_STATUS_OUT_OF_MEMORY,
+                        "cannot allocate %zu bytes of host memory", bytes);
+  memset(p, 0, rounded ? rounded : 256);
+  *out = p;
+  return MTOPT_STATUS_SUCCESS;
+}
+
+static void cpu_release(mtopt_context_t *ctx, void *p) {
+  (void)ctx;
+  free(p);
+}
+
+static mtopt_status_t cpu_copy(mtopt_context_t *ctx, void *dst, const void *src, size_t n) {
+  (void)ctx;
+  if (n) memmove(dst, src, n);
+  return MTOPT_STATUS_SUCCESS;
+}
+
+static mtopt_status_t cpu_zero(mtopt_context_t *ctx, void *dst, size_t n) {
+  (void)ctx;
+  memset(dst, 0, n);
+  return MTOPT_STATUS_SUCCESS;
+}
+
+static mtopt_status_t cpu_check_pointer(mtopt_context_t *ctx, const void *p, size_t n,
+                                        const char *what, int64_t tensor) {
+  (void)ctx, (void)p, (void)n, (void)what, (void)tensor;
+  return MTOPT_STATUS_SUCCESS; /* host memory cannot be checked cheaply */
+}
+
+static mtopt_status_t cpu_sync(mtopt_context_t *ctx) {
+  (void)ctx;
+  return MTOPT_STATUS_SUCCESS;
+}
+
+static int cpu_threads(const mtopt_context_t *ctx) {
+#ifdef _OPENMP
+  return ctx->num_threads > 0 ? ctx->num_threads : omp_get_max_threads();
+#else
+  (void)ctx;
+  return 1;
+#endif
+}
+
+/* ---- passes over one chunk ---- */
+
+static void stats_chunk(const mtopt__plan_t *p, int64_t c, float inv) {
+  const mtopt__chunk_rec_t ch = p->chunks[c];
+  const float *restrict g = p->tensors[ch.tensor].g + ch.start;
+  float acc = 0.0f;
+  uint32_t bad = 0;
+#pragma omp simd reduction(+ : acc, bad)
+  for (int32_t i = 0; i < ch.len; i++) {
+    const float x = g[i] * inv;
+    acc += x * x;
+    bad += !isfinite(x);
+  }
+  p->slot_gsq[c] = acc;
+  p->slot_nonfinite[c] = bad;
+}
+
+static inline void adam_loop(const mtopt__scalars_t *s, const int decoupled,
+                             float *restrict w, const float *restrict g,
+                             float *restrict m, float *restrict v, int32_t n) {
+#pragma omp simd
+  for (int32_t i = 0; i < n; i++) {
+    float wi = w[i], mi = m[i], vi = v[i];
+    mtopt__adam_elem(s, decoupled, g[i], &wi, &mi, &vi);
+    w[i] = wi;
+    m[i] = mi;
+    v[i] = vi;
+  }
+}
+
+static void update_chunk(const mtopt__plan_t *p, const mtopt__hyper_t *h, int64_t c) {
+  const mtopt__chunk_rec_t ch = p->chunks[c];
+  const mtopt__tensor_rec_t *t = &p->tensors[ch.tensor];
+  const mtopt__scalars_t s = mtopt__chunk_scalars(h, &p->groups[t->group], t->flags);
+  float *restrict w = t->w + ch.start;
+  const float *restrict g = t->g + ch.start;
+  const int32_t n = ch.len;
+  switch (p->kind) {
+  case MTOPT__KIND_ADAMW:
+    adam_loop(&s, 1, w, g, t->s0 + ch.start, t->s1 + ch.start, n);
+    break;
+  case MTOPT__KIND_ADAM:
+    adam_loop(&s, 0, w, g, t->s0 + ch.start, t->s1 + ch.start, n);
+    break;
+  case MTOPT__KIND_SGD: {
+    if (s.momentum != 0.0f && t->s0) {
+      float *restrict b = t->s0 + ch.start;
+#pragma omp simd
+      for (int32_t i = 0; i < n; i++) {
+        float wi = w[i], bi = b[i];
+        mtopt__sgd_elem(&s, g[i], &wi, &bi);
+        w[i] = wi;
+        b[i] = bi;
+      }
+    } else {
+      mtopt__scalars_t s0 = s;
+      s0.momentum = 0.0f;
+#pragma omp simd
+      for (int32_t i = 0; i < n; i++) {
+        float wi = w[i], unused = 0.0f;
+        mtopt__sgd_elem(&s0, g[i], &wi, &unused);
+        w[i] = wi;
+      }
+    }
+    break;
+  }
+  case MTOPT__KIND_LAMB: {
+    float *restrict m = t->s0 + ch.start, *restrict v = t->s1 + ch.start;
+    float wsq = 0.0f, usq = 0.0f;
+#pragma omp simd reduction(+ : wsq, usq)
+    for (int32_t i = 0; i < n; i++) {
+      float mi = m[i], vi = v[i];
+      const float wi = w[i];
+      const float u = mtopt__lamb_moments_elem(&s, g[i], wi, &mi, &vi);
+      m[i] = mi;
+      v[i] = vi;
+      wsq += wi * wi;
+      usq += u * u;
+    }
+    p->slot_wsq[c] = wsq;
+    p->slot_usq[c] = usq;
+    break;
+  }
+  }
+}
+
+/* LAMB's second pass: the tensor's norms from its chunk slots (in chunk order),
+ * then w -= lr * trust * u with u recomputed from the new moments. */
+static void lamb_apply_chunk(const mtopt__plan_t *p, const mtopt__hyper_t *h, int64_t c) {
+  const mtopt__chunk_rec_t ch = p->chunks[c];
+  const mtopt__tensor_rec_t *t = &p->tensors[ch.tensor];
+  const mtopt__scalars_t s = mtopt__chunk_scalars(h, &p->groups[t->group], t->flags);
+  double wsq = 0.0, usq = 0.0;
+  for (int64_t k = t->first_chunk; k < t->first_chunk + t->num_chunks; k++) {
+    wsq += p->slot_wsq[k];
+    usq += p->slot_usq[k];
+  }
+  const float step = mtopt__lamb_step(h, &s, (float)wsq, (float)usq);
+  float *restrict w = t->w + ch.start;
+  const float *restrict m = t->s0 + ch.start, *restrict v = t->s1 + ch.start;
+#pragma omp simd
+  for (int32_t i = 0; i < ch.len; i++)
+    w[i] = fmaf(-step, mtopt__lamb_dir(&s, w[i], m[i], v[i]), w[i]);
+}
+
+static mtopt_status_t cpu_run_pass(mtopt_context_t *ctx, const mtopt__plan_t *p,
+                                   mtopt__pass_t pass, int64_t c0, int64_t c1) {
+  mtopt__hyper_t *h = p->hyper;
+  const int nt = cpu_threads(ctx);
+  if (pass == MTOPT__PASS_STATS) {
+    const float inv = mtopt__inv_loss_scale(h);
+#pragma omp parallel for schedule(static) num_threads(nt)
+    for (int64_t c = c0; c < c1; c++) stats_chunk(p, c, inv);
+  } else if (!h->skip) {
+#pragma omp parallel for schedule(static) num_threads(nt)
+    for (int64_t c = c0; c < c1; c++) {
+      if (pass == MTOPT__PASS_UPDATE)
+        update_chunk(p, h, c);
+      else
+        lamb_apply_chunk(p, h, c);
+    }
+  }
+  h->blocks_done += (uint32_t)(c1 - c0);
+  if (h->blocks_done < p->num_chunks) return MTOPT_STATUS_SUCCESS;
+  h->blocks_done = 0;
+  if (pass == MTOPT__PASS_STATS) {
+    /* Fixed order: the same sum on every run. */
+    double sumsq = 0.0;
+    uint64_t bad = 0;
+    for (int64_t c = 0; c < p->num_chunks; c++) {
+      sumsq += p->slot_gsq[c];
+      bad += p->slot_nonfinite[c];
+    }
+    mtopt__stats_finalize(h, sumsq, bad);
+  } else if (mtopt__pass_ends_step(p->kind, pass)) {
+    mtopt__step_commit(h);
+  }
+  return MTOPT_STATUS_SUCCESS;
+}
+
+static int cpu_launches(const mtopt__plan_t *p) {
+  return 1 + (p->use_stats != 0) + (p->kind == MTOPT__KIND_LAMB);
+}
+
+const mtopt__backend_ops_t mtopt__cpu_ops = {
+    .name = "cpu",
+    .init = cpu_init,
+    .fini = cpu_fini,
+    .alloc = cpu_alloc,
+    .release = cpu_release,
+    .upload = cpu_copy,
+    .download = cpu_copy,
+    .write_ordered = cpu_copy,
+    .zero_ordered = cpu_zero,
+    .check_pointer = cpu_check_pointer,
+    .run_pass = cpu_run_pass,
+    .synchronize = cpu_sync,
+    .launches_per_step = cpu_launches,
+};

@@ -1,0 +1,37 @@
+/* The chunk planner: cuts every tensor into chunks of at most chunk_size
+ * elements. A chunk never spans tensors; empty tensors get no chunk. The table
+ * is built once per optimizer, so a step needs no host work per tensor. */
+#include "internal.h"
+
+int64_t mtopt__plan_chunks(const int64_t *numel, int64_t n, int64_t chunk_size,
+                           int64_t *first_chunk, int64_t *num_chunks,
+                           mtopt__chunk_rec_t *chunks) {
+  if (chunk_size <= 0 || chunk_size > INT32_MAX || n < 0) return -1;
+  int64_t total = 0;
+  for (int64_t i = 0; i < n; i++) {
+    if (numel[i] < 0) return -1;
+    /* Ceil division without overflow of numel + chunk_size. */
+    const int64_t k = numel[i] / chunk_size + (numel[i] % chunk_size != 0);
+    if (first_chunk) first_chunk[i] = total;
+    if (num_chunks) num_chunks[i] = k;
+    if (chunks) {
+      for (int64_t c = 0; c < k; c++) {
+        const int64_t start = c * chunk_size;
+        const int64_t rest = numel[i] - start;
+        chunks[total + c].start = start;
+        chunks[total + c].tensor = (int32_t)i;
+        chunks[total + c].len = (int32_t)(rest < chunk_size ? rest : chunk_size);
+      }
+    }
+    if (k > INT64_MAX - total) return -1;
+    total += k;
+  }
+  return total;
+}
+
+int64_t mtopt__aligned_offset(int64_t offset, const void *w) {
+  /* 16 bytes = 4 floats: give the state the weights' residue mod 4 floats. */
+  const int64_t want = (int64_t)(((uintptr_t)w / sizeof(float)) & 3u);
+  const int64_t have = offset & 3;
+  return offset + ((want - have) & 3);
+}

@@ -1,0 +1,51 @@
+/* Status names and messages (generated from MTOPT_STATUS_LIST), the error
+ * buffers, and the version query. */
+#include <stdio.h>
+#include <string.h>
+
+#include "internal.h"
+
+const char *mtopt_status_name(mtopt_status_t status) {
+  switch (status) {
+#define MTOPT_STATUS_NAME_(name, code, text)                                   \
+  case MTOPT_STATUS_##name:                                                    \
+    return "MTOPT_STATUS_" #name;
+    MTOPT_STATUS_LIST(MTOPT_STATUS_NAME_)
+#undef MTOPT_STATUS_NAME_
+  }
+  return "MTOPT_STATUS_UNKNOWN";
+}
+
+const char *mtopt_status_string(mtopt_status_t status) {
+  switch (status) {
+#define MTOPT_STATUS_TEXT_(name, code, text)                                   \
+  case MTOPT_STATUS_##name:                                                    \
+    return text;
+    MTOPT_STATUS_LIST(MTOPT_STATUS_TEXT_)
+#undef MTOPT_STATUS_TEXT_
+  }
+  return "unknown status code";
+}
+
+int mtopt_version(void) { return MTOPT_VERSION_CODE; }
+const char *mtopt_version_string(void) { return MTOPT_VERSION_STRING; }
+
+static _Thread_local char thread_error[MTOPT__ERRLEN];
+
+const char *mtopt_last_error(void) { return thread_error; }
+
+const char *mtopt_context_last_error(const mtopt_context_t *ctx) {
+  return ctx ? ctx->last_error : thread_error;
+}
+
+mtopt_status_t mtopt__error(mtopt_context_t *ctx, mtopt_status_t status,
+                            const char *fmt, ...) {
+  char msg[MTOPT__ERRLEN - 64];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  snprintf(thread_error, sizeof thread_error, "%s: %s", mtopt_status_name(status), msg);
+  if (ctx) memcpy(ctx->last_error, thread_error, sizeof thread_error);
+  return status;
+}
