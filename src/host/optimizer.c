@@ -148,9 +148,11 @@ static int state_buffers(const mtopt_optimizer_config_t *c) {
  * counts them: reads of w, g, state and writes of w, state, plus one more read
  * of g for the statistics pass and LAMB's second pass over w, m, v. */
 static int bytes_per_param(const mtopt__plan_t *p, int nstate) {
-  int b = 4 * (2 + nstate) + 4 * (1 + nstate);
-  if (p->use_stats) b += 4;
-  if (p->kind == MTOPT__KIND_LAMB) b += 4 * (1 + nstate) + 4;
+  const int f = (int)sizeof(float);
+  int b = f * (2 + nstate) + f * (1 + nstate); /* read w g state, write w state */
+  if (p->kind == MTOPT__KIND_LAMB) /* pass 1 writes no w; pass 2 reads w m v, writes w */
+    b += -f + f * (1 + nstate) + f;
+  if (p->use_stats) b += f;
   return b;
 }
 
