@@ -12,8 +12,8 @@
 #define TU_OK(expr)                                                            \
   do {                                                                         \
     mtopt_status_t tu_st_ = (expr);                                            \
-    ck_assert_msg(tu_st_ == MTOPT_STATUS_SUCCESS, "%s -> %s: %s", #expr,       \
-                  mtopt_status_name(tu_st_), mtopt_last_error());              \
+    ck_assert_msg(tu_st_ == MTOPT_STATUS_SUCCESS, "%s -> %s", #expr,           \
+                  mtopt_last_error());                                         \
   } while (0)
 
 /* Asserts a call failed with the given status and left a message. */

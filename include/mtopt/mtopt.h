@@ -322,6 +322,21 @@ MTOPT_API mtopt_status_t mtopt_optimizer_get_grad_buffer(mtopt_optimizer_t *opt,
 /* Zeroes the contiguous gradient buffer (stream-ordered on CUDA). */
 MTOPT_API mtopt_status_t mtopt_optimizer_zero_grad(mtopt_optimizer_t *opt);
 
+/* Checkpoints. save writes the parameters, every state buffer and the step
+ * scalars (step count, loss scale and its growth tracker, skipped steps, the
+ * hyperparameters) to `path`: a versioned, CRC-32-checksummed little-endian
+ * file, written to a temporary file in the same directory and renamed, so an
+ * existing checkpoint is replaced only by a complete one. CUDA: waits for the
+ * stream. Errors: INVALID_ARGUMENT, IO_ERROR (with the system's reason).
+ * load restores all of it into an optimizer built from the same tensor list
+ * shape (same kind, tensor count and sizes); the file is read and verified
+ * completely before anything is written, so a missing, truncated, corrupt or
+ * mismatched file changes nothing. Errors: IO_ERROR (unreadable, truncated,
+ * bad checksum), INVALID_ARGUMENT (saved by a different optimizer),
+ * NOT_SUPPORTED (a newer format). */
+MTOPT_API mtopt_status_t mtopt_optimizer_save(mtopt_optimizer_t *opt, const char *path);
+MTOPT_API mtopt_status_t mtopt_optimizer_load(mtopt_optimizer_t *opt, const char *path);
+
 /* Planning facts, for tests and tools. */
 typedef struct {
   size_t struct_size;

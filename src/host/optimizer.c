@@ -519,7 +519,9 @@ static mtopt_status_t state_ptr(const mtopt_optimizer_t *opt, const char *fn, in
   else if (which == MTOPT_STATE_MOMENTUM && !adam && opt->config.momentum > 0.0f) p = r->s0;
   else
     return mtopt__error(opt->ctx, MTOPT_STATUS_INVALID_ARGUMENT,
-                        "%s: this optimizer keeps no state buffer %d", fn, (int)which);
+                        "%s: this optimizer keeps no state buffer %d (EXP_AVG/EXP_AVG_SQ "
+                        "are Adam's and LAMB's, MOMENTUM is SGD's with momentum > 0)",
+                        fn, (int)which);
   *out = p;
   return MTOPT_STATUS_SUCCESS;
 }
