@@ -1,0 +1,149 @@
+/* The model, 784-512-256-10 with ReLU and softmax cross-entropy, and the small
+ * interface its two backends (mlp_cpu.c: OpenBLAS, mlp_cuda.cu: cuBLAS) share.
+ *
+ * Layout: row-major everywhere. A batch is x[n][784]; layer l has weights
+ * W[out][in] (torch's nn.Linear layout) and bias b[out]; h = x W^T + b.
+ * The six parameter tensors, in registration order, are W1 b1 W2 b2 W3 b3.
+ *
+ * The backends never own parameters or gradients: main.c allocates the
+ * weights through ops->alloc and hands the backend the gradient views of the
+ * optimizer's contiguous buffer, so backward writes straight into what
+ * mtopt_optimizer_step reads. */
+#ifndef MNIST_MLP_H
+#define MNIST_MLP_H
+
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "idx.h"
+#include "mtopt/mtopt.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define MLP_LAYERS 3
+#define MLP_TENSORS (2 * MLP_LAYERS)
+#define MLP_CLASSES 10
+#define MLP_INPUT 784
+#define MLP_EVAL_BATCH 1000
+
+/* Layer widths: input, hidden, hidden, classes. */
+static const int mlp_dims[MLP_LAYERS + 1] = {MLP_INPUT, 512, 256, MLP_CLASSES};
+
+typedef struct mlp mlp_t;
+
+/* Every function prints a message and exits on failure (this is a program). */
+typedef struct {
+  const char *name;
+  mtopt_backend_t mtopt_backend; /* the mtopt context to make for it */
+  /* Workspaces for batches of up to m->max_batch, and m->max_slots per-batch
+   * loss / accuracy slots (one per training batch of an epoch). */
+  void (*init)(mlp_t *m);
+  void (*destroy)(mlp_t *m);
+  /* Makes the mtopt context enqueue on the backend's stream (CUDA). */
+  void (*bind)(mlp_t *m, mtopt_context_t *ctx);
+  /* Dynamic loss scaling: returns 1 if train_batch will read the live scale
+   * from the optimizer's device memory itself (then its loss_scale argument
+   * is ignored), 0 if the caller must pass it. */
+  int (*use_dynamic_scale)(mlp_t *m, mtopt_optimizer_t *opt);
+  float *(*alloc)(mlp_t *m, int64_t n);
+  void (*release)(mlp_t *m, float *p);
+  void (*upload)(mlp_t *m, float *dst, const float *src, int64_t n);
+  void (*copy)(mlp_t *m, float *dst, const float *src, int64_t n);
+  /* Keeps (CPU) or uploads (CUDA) both splits; pixels are normalised on the
+   * fly as (p / 255 - m->mean) / m->std. */
+  void (*set_data)(mlp_t *m, const idx_set_t *train, const idx_set_t *test);
+  /* This epoch's order of the training images (n indices). */
+  void (*set_order)(mlp_t *m, const int32_t *perm, int64_t n);
+  /* Forward and backward on training images perm[first .. first+n): writes
+   * every gradient (no accumulation, so no zeroing is needed), the mean loss
+   * into loss slot `slot` and the number of correct predictions into its
+   * correct slot. The gradient is of loss_scale * mean loss. */
+  void (*train_batch)(mlp_t *m, int64_t first, int n, float loss_scale, int64_t slot);
+  /* Copies slots [0, n) to the host (waits for the work). */
+  void (*read_slots)(mlp_t *m, int64_t n, float *loss, int32_t *correct);
+  /* Correct predictions on the whole test split (waits for the work). */
+  int64_t (*evaluate)(mlp_t *m);
+  void (*synchronize)(mlp_t *m);
+  /* mtopt_optimizer_step(opt), or on CUDA with m->use_graph, a replay of a
+   * CUDA graph of it (captured on the first call). */
+  void (*optimizer_step)(mlp_t *m, mtopt_optimizer_t *opt);
+} mlp_ops_t;
+
+struct mlp {
+  const mlp_ops_t *ops;
+  int max_batch;
+  int64_t max_slots;
+  int threads;   /* CPU: BLAS threads, 0 = the library's default */
+  int use_graph; /* CUDA: replay the optimizer step from a graph */
+  float mean, std;
+  float *param[MLP_TENSORS]; /* W1 b1 W2 b2 W3 b3, in the backend's memory */
+  float *grad[MLP_TENSORS];  /* views into the optimizer's gradient buffer */
+  int64_t numel[MLP_TENSORS];
+  const idx_set_t *train, *test; /* host copies, for sizes */
+  void *impl;                    /* the backend's own state */
+};
+
+extern const mlp_ops_t mlp_cpu_ops;
+#ifdef MNIST_WITH_CUDA
+extern const mlp_ops_t mlp_cuda_ops;
+/* Whether a CUDA device can be used (the driver answers, a device exists). */
+int mlp_cuda_device_count(void);
+#endif
+
+/* ---- shared by both backends: softmax cross-entropy of one row ---- */
+
+#ifdef __CUDACC__
+#define MLP_HD __host__ __device__ __forceinline__
+#else
+#define MLP_HD static inline
+#endif
+
+/* Loss -log softmax(z)[label] of one row of MLP_CLASSES logits, computed with
+ * the max subtracted so exp never overflows. If dz is not NULL, writes the
+ * gradient of grad_scale * loss: grad_scale * (softmax(z) - onehot(label)).
+ * *correct is 1 when the arg-max (first one on ties) is the label. */
+MLP_HD float mlp_xent_row(const float *z, int label, float grad_scale, float *dz,
+                          int *correct) {
+  int arg = 0;
+  for (int k = 1; k < MLP_CLASSES; k++)
+    if (z[k] > z[arg]) arg = k;
+  const float zmax = z[arg];
+  float sum = 0.0f;
+  for (int k = 0; k < MLP_CLASSES; k++) sum += expf(z[k] - zmax);
+  if (dz) {
+    const float inv = grad_scale / sum;
+    for (int k = 0; k < MLP_CLASSES; k++)
+      dz[k] = expf(z[k] - zmax) * inv - (k == label ? grad_scale : 0.0f);
+  }
+  *correct = arg == label;
+  return logf(sum) - (z[label] - zmax);
+}
+
+/* ---- error handling for a program: say what failed, then exit ---- */
+
+#define MLP_DIE(...)                                                           \
+  do {                                                                         \
+    fprintf(stderr, "error: " __VA_ARGS__);                                    \
+    fputc('\n', stderr);                                                       \
+    exit(1);                                                                   \
+  } while (0)
+
+/* Every mtopt call returns a status; on failure the library's last error
+ * says which argument or which CUDA call went wrong. */
+#define MTOPT_CHECK(call)                                                      \
+  do {                                                                         \
+    mtopt_status_t st_ = (call);                                               \
+    if (st_ != MTOPT_STATUS_SUCCESS)                                           \
+      MLP_DIE("%s:%d: %s failed: %s: %s", __FILE__, __LINE__, #call,           \
+              mtopt_status_name(st_), mtopt_last_error());                     \
+  } while (0)
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MNIST_MLP_H */
