@@ -199,10 +199,21 @@ static mtopt_status_t cpu_run_pass(mtopt_context_t *ctx, const mtopt__plan_t *p,
       sumsq += p->slot_gsq[c];
       bad += p->slot_nonfinite[c];
     }
-    mtopt__stats_finalize(h, sumsq, bad);
+    if (p->defer_stats) { /* ZeRO-1: the comm layer adds the other ranks' sums */
+      p->stats_sum[0] = sumsq;
+      p->stats_sum[1] = (double)bad;
+    } else {
+      mtopt__stats_finalize(h, sumsq, bad);
+    }
   } else if (mtopt__pass_ends_step(p->kind, pass)) {
     mtopt__step_commit(h);
   }
+  return MTOPT_STATUS_SUCCESS;
+}
+
+static mtopt_status_t cpu_finish_stats(mtopt_context_t *ctx, const mtopt__plan_t *p) {
+  (void)ctx;
+  mtopt__stats_finalize(p->hyper, p->stats_sum[0], (uint64_t)p->stats_sum[1]);
   return MTOPT_STATUS_SUCCESS;
 }
 
@@ -224,4 +235,5 @@ const mtopt__backend_ops_t mtopt__cpu_ops = {
     .run_pass = cpu_run_pass,
     .synchronize = cpu_sync,
     .launches_per_step = cpu_launches,
+    .finish_stats = cpu_finish_stats,
 };

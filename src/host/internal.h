@@ -41,6 +41,14 @@ typedef struct {
   int64_t chunk_size;
   int32_t kind;
   int32_t use_stats;
+  /* ZeRO-1 (src/host/comm.c): each rank holds a shard, so the global norm
+   * needs every rank's partial sum. When set, the end of STATS writes
+   * stats_sum[0] = sum of squares and stats_sum[1] = non-finite count (as a
+   * double) instead of calling mtopt__stats_finalize; the distributed layer
+   * all-reduces them and calls ops->finish_stats. 0 in every plan that
+   * optimizer.c builds. */
+  int32_t defer_stats;
+  double *stats_sum; /* 2 doubles in the backend's memory, or NULL */
 } mtopt__plan_t;
 
 typedef struct mtopt__backend_ops mtopt__backend_ops_t;
@@ -91,6 +99,10 @@ struct mtopt__backend_ops {
   mtopt_status_t (*synchronize)(mtopt_context_t *ctx);
   /* Launches one step makes for a plan of this kind (for get_info). */
   int (*launches_per_step)(const mtopt__plan_t *plan);
+  /* Distributed layer. In stream order: mtopt__stats_finalize(plan->hyper,
+   * plan->stats_sum[0], (uint64_t)plan->stats_sum[1]) (the deferred end of a
+   * STATS pass, see mtopt__plan_t.defer_stats). NULL if not provided. */
+  mtopt_status_t (*finish_stats)(mtopt_context_t *ctx, const mtopt__plan_t *plan);
 };
 
 MTOPT__HIDDEN extern const mtopt__backend_ops_t mtopt__cpu_ops;

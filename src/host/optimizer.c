@@ -386,13 +386,7 @@ static mtopt_status_t check_opt(const mtopt_optimizer_t *opt, const char *fn) {
 
 mtopt_status_t mtopt_optimizer_step(mtopt_optimizer_t *opt) {
   CHECK(check_opt(opt, "mtopt_optimizer_step"));
-  if (opt->plan.num_chunks == 0) {
-    /* Nothing to update; the step still counts, as in torch. */
-    mtopt__hyper_t *h = &opt->hyper_host;
-    h->step += 1;
-    return opt->ctx->ops->write_ordered(opt->ctx, &opt->plan.hyper->step, &h->step,
-                                        sizeof h->step);
-  }
+  /* A plan with no chunks still runs its passes: the step counts, as in torch. */
   return mtopt__run_step(opt->ctx, &opt->plan);
 }
 

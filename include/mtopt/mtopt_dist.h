@@ -1,0 +1,202 @@
+/*
+ * mtopt distributed data parallel: gradient all-reduce (or ZeRO-1
+ * reduce-scatter / all-gather) fused with the optimizer step, bucket by bucket.
+ *
+ * Needs a build with MPI (MTOPT_HAVE_MPI; CMake option MTOPT_WITH_MPI). GPU
+ * collectives need NCCL (MTOPT_HAVE_NCCL; MTOPT_WITH_NCCL). This header names
+ * MPI_Comm but no CUDA or NCCL type: an existing NCCL communicator is passed
+ * as a void * (see mtopt_comm_create_nccl).
+ *
+ * The library never calls MPI_Init or MPI_Finalize: initialise MPI first
+ * (MPI_Init_thread with at least MPI_THREAD_FUNNELED if other threads exist)
+ * and finalise it after destroying every communicator.
+ *
+ * Model of use (every rank runs the same calls in the same order):
+ *   1. mtopt_comm_local_rank(MPI_COMM_WORLD, &local) and, on CUDA, create the
+ *      context on device `local` (or on the one device CUDA_VISIBLE_DEVICES
+ *      leaves each rank).
+ *   2. mtopt_comm_create_mpi(ctx, MPI_COMM_WORLD, &cfg, &comm).
+ *   3. Describe the tensors with grad == NULL (the library owns the gradient
+ *      buffer, so that buckets are contiguous) and call
+ *      mtopt_dist_optimizer_create(comm, list, &opt_cfg, &dopt).
+ *   4. Each iteration: zero the gradients (mtopt_dist_optimizer_zero_grad),
+ *      run backward writing into the views of mtopt_dist_optimizer_get_grad;
+ *      optionally call mtopt_dist_bucket_ready(dopt, b) as soon as bucket b's
+ *      gradients are written (backward produces the last tensors first, and
+ *      bucket 0 holds the last tensors), then mtopt_dist_step(dopt).
+ *
+ * Buckets. Tensors are taken in reverse registration order (the order backward
+ * produces gradients) and grouped into buckets: the first holds about
+ * first_bucket_bytes, the others about bucket_bytes (a bucket is closed once it
+ * reaches the size; a tensor is never split). A bucket is a contiguous range of
+ * the gradient buffer covering whole tensors, so that its step is a contiguous
+ * range of the chunk table. Each bucket's reduction starts as soon as it is
+ * marked ready and every lower-numbered bucket has started (collectives must be
+ * issued in the same order on every rank, so bucket b waits for b-1).
+ *
+ * The epilogue. zero_stage 0: each bucket is all-reduced and averaged (sum,
+ * then times 1/world); without clipping, loss scaling or skip_nonfinite, its
+ * update runs as soon as its reduction lands, overlapping the following
+ * buckets' communication. With them, each bucket's statistics pass runs as it
+ * lands and the update follows the last bucket. LAMB's second pass (apply the
+ * trust ratio) runs over all tensors after the last bucket.
+ * zero_stage 1: each bucket is reduce-scattered (each rank receives the
+ * averaged gradient of its 1/world slice), each rank steps only the parameters
+ * of its slices (it keeps optimizer state for about 1/world of the elements),
+ * then the weights are all-gathered. Clipping and loss scaling work (the global
+ * norm is the all-reduced sum of the ranks' partial sums); LAMB is NOT_SUPPORTED
+ * (its per-tensor norms would need another collective per step).
+ *
+ * Faults. Every collective is checked; one that fails or does not finish
+ * within timeout_ms returns COMM_ERROR with the MPI or NCCL text, and the
+ * optimizer is then unusable (every later call returns COMM_ERROR; destroy it).
+ * Weights are left unchanged by a failed step when the step takes statistics
+ * (clipping, loss scaling, skip_nonfinite: updates wait for the last bucket)
+ * or when no reduction completed; without statistics, buckets whose reduction
+ * landed before the failure have been stepped (the price of the overlap: set
+ * skip_nonfinite = 1 to make a step all-or-nothing). A rank whose bucket plan
+ * differs from the others' is reported at set-up, on every rank.
+ *
+ * CUDA with NCCL: collectives run on a communication stream of the
+ * communicator, ordered after the context's stream with events; the steps are
+ * enqueued on the context's stream; mtopt_dist_step never synchronises. A hang
+ * or asynchronous NCCL error is detected by mtopt_dist_synchronize (and
+ * destroy), which waits at most timeout_ms and aborts the NCCL communicator on
+ * expiry.
+ *
+ * Threads: as for the core API, one thread at a time per object.
+ */
+#ifndef MTOPT_MTOPT_DIST_H
+#define MTOPT_MTOPT_DIST_H
+
+#include <mpi.h>
+
+#include "mtopt/mtopt.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct mtopt_comm mtopt_comm_t;
+typedef struct mtopt_dist_optimizer mtopt_dist_optimizer_t;
+
+typedef struct {
+  size_t struct_size;        /* sizeof(mtopt_comm_config_t) */
+  uint32_t api_version;      /* MTOPT_VERSION_CODE */
+  size_t bucket_bytes;       /* gradient bytes per bucket, > 0 (25 MiB) */
+  size_t first_bucket_bytes; /* the first bucket's, > 0 (1 MiB): communication
+                                starts early in backward */
+  int timeout_ms;            /* a collective not done by then fails with
+                                COMM_ERROR; 0 waits forever (300000) */
+  int zero_stage;            /* 0: all-reduce; 1: ZeRO-1 (sharded state) */
+} mtopt_comm_config_t;
+
+#define MTOPT_COMM_CONFIG_INIT                                                 \
+  {sizeof(mtopt_comm_config_t), MTOPT_VERSION_CODE, (size_t)25 << 20,          \
+   (size_t)1 << 20, 300000, 0}
+
+/* The rank of the calling process among the ranks of `comm` that share its
+ * node (MPI_Comm_split_type(MPI_COMM_TYPE_SHARED)): the CUDA device a rank
+ * should use when every rank sees all the node's GPUs. Collective over comm.
+ * Errors: INVALID_ARGUMENT (NULL out, MPI not initialised), COMM_ERROR. */
+MTOPT_API mtopt_status_t mtopt_comm_local_rank(MPI_Comm comm, int *local_rank);
+
+/* Creates a communicator over the ranks of `comm` (duplicated: the library's
+ * collectives never mix with the caller's). Collective over comm.
+ * CPU context: MPI's non-blocking collectives. CUDA context: NCCL; rank 0
+ * makes the unique id and broadcasts it over comm, and the NCCL communicator
+ * uses the context's device (which should be the node-local rank, see
+ * mtopt_comm_local_rank). config may be NULL for the defaults.
+ * Errors: INVALID_ARGUMENT (NULL ctx/out, bad config, MPI not initialised),
+ * NOT_SUPPORTED (CUDA context in a build without NCCL), COMM_ERROR. */
+MTOPT_API mtopt_status_t mtopt_comm_create_mpi(mtopt_context_t *ctx, MPI_Comm comm,
+                                               const mtopt_comm_config_t *config,
+                                               mtopt_comm_t **out);
+
+/* Wraps an existing NCCL communicator, passed as a void * holding the
+ * ncclComm_t (the header stays free of NCCL types). The caller keeps ownership
+ * and destroys it after mtopt_comm_destroy. Needs a CUDA context on the
+ * communicator's device. Errors: INVALID_ARGUMENT, NOT_SUPPORTED (build
+ * without NCCL, or a CPU context), COMM_ERROR. */
+MTOPT_API mtopt_status_t mtopt_comm_create_nccl(mtopt_context_t *ctx, void *nccl_comm,
+                                                const mtopt_comm_config_t *config,
+                                                mtopt_comm_t **out);
+
+/* INVALID_USAGE while distributed optimizers made from it are alive. NULL is a
+ * no-op. Local (not collective). */
+MTOPT_API mtopt_status_t mtopt_comm_destroy(mtopt_comm_t *comm);
+MTOPT_API mtopt_status_t mtopt_comm_get_rank(const mtopt_comm_t *comm, int *rank);
+MTOPT_API mtopt_status_t mtopt_comm_get_size(const mtopt_comm_t *comm, int *size);
+
+/* Builds the data-parallel optimizer: the inner optimizer (over every tensor
+ * with zero_stage 0, over this rank's slices with zero_stage 1), the gradient
+ * buffer and the bucket plan, then checks that every rank built the same plan.
+ * Every tensor of the list must have been added with grad == NULL. Collective
+ * over the communicator. Freezes the list.
+ * Errors: INVALID_ARGUMENT (a tensor with its own gradient, bad config, plan
+ * differs between ranks: every rank returns it, and the message names the first
+ * difference), NOT_SUPPORTED (LAMB with zero_stage 1), OUT_OF_MEMORY,
+ * COMM_ERROR (a rank did not join within timeout_ms), as
+ * mtopt_optimizer_create otherwise. */
+MTOPT_API mtopt_status_t mtopt_dist_optimizer_create(mtopt_comm_t *comm,
+                                                     mtopt_tensor_list_t *list,
+                                                     const mtopt_optimizer_config_t *config,
+                                                     mtopt_dist_optimizer_t **out);
+
+MTOPT_API mtopt_status_t mtopt_dist_optimizer_destroy(mtopt_dist_optimizer_t *dopt);
+
+/* The inner optimizer, owned by dopt: use it for hyperparameters
+ * (mtopt_optimizer_set_lr ...), step info and, with zero_stage 0, state and
+ * gradient views (it indexes the list's tensors). With zero_stage 1 its tensors
+ * are this rank's pieces, not the list's. Never call mtopt_optimizer_step on
+ * it: step with mtopt_dist_step. */
+MTOPT_API mtopt_status_t mtopt_dist_optimizer_get_optimizer(mtopt_dist_optimizer_t *dopt,
+                                                            mtopt_optimizer_t **opt);
+/* A list tensor's gradient view (numel floats in the context's memory), for
+ * both stages. */
+MTOPT_API mtopt_status_t mtopt_dist_optimizer_get_grad(mtopt_dist_optimizer_t *dopt,
+                                                       int64_t tensor, void **ptr);
+/* The whole gradient buffer (bucket offsets index it). With zero_stage 1 it
+ * is also the all-gather staging area: after mtopt_dist_step its contents are
+ * undefined, so zero it before accumulating the next gradients. */
+MTOPT_API mtopt_status_t mtopt_dist_optimizer_get_grad_buffer(mtopt_dist_optimizer_t *dopt,
+                                                              void **ptr, int64_t *numel);
+MTOPT_API mtopt_status_t mtopt_dist_optimizer_zero_grad(mtopt_dist_optimizer_t *dopt);
+
+/* The bucket plan. Bucket b covers list tensors [first_tensor,
+ * first_tensor + num_tensors) (registration indices; bucket 0 holds the last
+ * tensors) and elements [offset, offset + numel) of the gradient buffer
+ * (numel counts alignment padding, and with zero_stage 1 the padding that
+ * makes it a multiple of the world size). */
+MTOPT_API mtopt_status_t mtopt_dist_get_bucket_count(const mtopt_dist_optimizer_t *dopt,
+                                                     int *count);
+MTOPT_API mtopt_status_t mtopt_dist_get_bucket(const mtopt_dist_optimizer_t *dopt, int bucket,
+                                               int64_t *first_tensor, int64_t *num_tensors,
+                                               int64_t *offset, int64_t *numel);
+/* The bucket holding a list tensor. */
+MTOPT_API mtopt_status_t mtopt_dist_get_tensor_bucket(const mtopt_dist_optimizer_t *dopt,
+                                                      int64_t tensor, int *bucket);
+
+/* Marks bucket b's gradients written on every rank's side: its reduction
+ * starts once buckets 0..b-1 have started. CPU: also completes and steps the
+ * buckets whose reductions have landed (never blocks). CUDA: enqueues the
+ * collective after the work already on the context's stream.
+ * Errors: INVALID_ARGUMENT (bad index), INVALID_USAGE (bucket already marked
+ * in this step), COMM_ERROR. */
+MTOPT_API mtopt_status_t mtopt_dist_bucket_ready(mtopt_dist_optimizer_t *dopt, int bucket);
+
+/* Marks the remaining buckets, completes every reduction (CPU: waits, at most
+ * timeout_ms per collective), steps, and (zero_stage 1) all-gathers the
+ * weights. Collective. CPU: returns when the step is done. CUDA: enqueues and
+ * returns; the context's stream is ordered after the whole step. */
+MTOPT_API mtopt_status_t mtopt_dist_step(mtopt_dist_optimizer_t *dopt);
+
+/* Waits for the communication and the step (CUDA), at most timeout_ms, and
+ * reports asynchronous NCCL errors. A no-op on the CPU. */
+MTOPT_API mtopt_status_t mtopt_dist_synchronize(mtopt_dist_optimizer_t *dopt);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MTOPT_MTOPT_DIST_H */

@@ -1,0 +1,480 @@
+/*
+ * The CUDA kernels of a step, and their extern "C" launchers (launch.h).
+ *
+ * Every pass is ONE launch over the plan's chunk table, which lives in device
+ * memory: no per-tensor host work, no tensor lists in kernel arguments, so the
+ * host cost of a step does not grow with the tensor count. The per-element
+ * formulas come from src/common/step_math.h, the same inline functions the CPU
+ * backend runs; with -fmad=false -prec-div=true -prec-sqrt=true (CMake) the
+ * elementwise results are bit-identical to the CPU backend.
+ *
+ * Memory traffic per parameter and launches per step (fp32; bytes_per_param in
+ * src/host/optimizer.c counts the same):
+ *   optimizer          plain step                          with statistics
+ *                                                         (clip / loss scale /
+ *                                                         non-finite skip)
+ *   AdamW, Adam        28 B: r w,g,m,v  w w,m,v   1 launch    32 B, 2 launches
+ *   SGD, momentum      20 B: r w,g,b    w w,b     1 launch    24 B, 2 launches
+ *   SGD, no momentum   12 B: r w,g      w w       1 launch    16 B, 2 launches
+ *   LAMB               40 B: pass 1 r w,g,m,v w m,v (24 B),   44 B, 3 launches
+ *                            pass 2 r w,m,v w w (16 B);
+ *                            2 launches
+ * The statistics pass adds one read of g (4 B).
+ *
+ * Grid shape: one block per chunk. The chunk table already cuts the work into
+ * pieces of chunk_size elements (64 K by default: 256 KB per array, far above
+ * any per-block overhead), so a block per chunk lets the hardware block
+ * scheduler balance unequal chunks (tensor tails, tiny tensors) dynamically,
+ * keeps enough blocks resident on every SM to hide latency, and makes the
+ * last-block election count exactly one chunk per block. A persistent grid
+ * (about SMs x resident blocks, striding over chunks) was the alternative: it
+ * saves block launches only where chunks are tiny, but a static stride
+ * serialises each block's chunks and leaves a tail imbalance of one chunk per
+ * block (about 1/22 of a GPT-2 XL step on 132 SMs); dynamic fetching would need
+ * a second counter to reset inside a graph. The grid limit (2^31-1 blocks in x)
+ * covers every plan: the optimizer refuses plans of more than 2^31-1 chunks.
+ * The SM count read at init is kept in the backend state for tuning reports.
+ *
+ * Inner loop: 16-byte (float4) loads and stores, ILP float4 per array loaded
+ * per thread before any is used (8 float4 in flight per thread whatever the
+ * number of arrays), a scalar prologue up to the first 16-byte boundary and a
+ * scalar tail. The host places each tensor's state at the same address residue
+ * mod 16 bytes as its weights (mtopt__aligned_offset), so one prologue serves
+ * every array; a user gradient with another residue sends its chunks down the
+ * scalar path. Element offsets inside a chunk fit in int32 (chunk_size <=
+ * 2^30); tensor offsets (chunk start) are int64.
+ *
+ * Determinism: per-chunk partial sums use a fixed thread-to-element mapping
+ * and a fixed shuffle tree; cross-chunk sums (statistics, LAMB norms) read the
+ * slots in a fixed strided order and reduce with a fixed tree in double. The
+ * results do not depend on which block finishes last.
+ */
+#include <cuda_runtime.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "launch.h"
+
+namespace {
+
+constexpr int kBlock = 256;     /* threads per block */
+constexpr int kInFlight = 8;    /* float4 loads in flight per thread */
+
+/* ---- reductions (fixed order: deterministic) ---- */
+
+template <class T>
+__device__ __forceinline__ T warp_sum(T v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
+  return v;
+}
+
+/* The block's total, valid in thread 0. Every thread must call it. */
+template <class T>
+__device__ __forceinline__ T block_sum(T v) {
+  __shared__ T part[kBlock / 32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  v = warp_sum(v);
+  __syncthreads(); /* an earlier call may still be reading part[] */
+  if (lane == 0) part[warp] = v;
+  __syncthreads();
+  T r = T(0);
+  if (warp == 0) {
+    r = lane < kBlock / 32 ? part[lane] : T(0);
+    r = warp_sum(r);
+  }
+  return r;
+}
+
+/* ---- streaming over one chunk ---- */
+
+__device__ __forceinline__ float &lane_of(float4 &v, int j) {
+  return j == 0 ? v.x : j == 1 ? v.y : j == 2 ? v.z : v.w;
+}
+
+/* Applies f to every element i in [0, len) of N arrays p[0..N-1] (each already
+ * offset to the chunk start): f(x) receives x[k] = p[k][i], may change it, and
+ * arrays whose bit is set in STORE get x[k] back. Each thread visits a fixed
+ * set of elements in a fixed order, so per-thread accumulators inside f are
+ * deterministic. */
+template <int N, unsigned STORE, class F>
+__device__ __forceinline__ void stream_chunk(float *const (&p)[N], int32_t len, F &f) {
+  const int tid = threadIdx.x;
+  const unsigned r0 = (unsigned)((uintptr_t)p[0] & 15u);
+  bool same = true;
+#pragma unroll
+  for (int k = 1; k < N; k++) same = same && (((uintptr_t)p[k] & 15u) == r0);
+
+  auto scalar = [&](int32_t i) {
+    float x[N];
+#pragma unroll
+    for (int k = 0; k < N; k++) x[k] = p[k][i];
+    f(x);
+#pragma unroll
+    for (int k = 0; k < N; k++)
+      if (STORE & (1u << k)) p[k][i] = x[k];
+  };
+
+  if (!same) { /* a gradient at another residue: no common vector path */
+    for (int32_t i = tid; i < len; i += kBlock) scalar(i);
+    return;
+  }
+  int32_t pro = (int32_t)(((16u - r0) & 15u) / 4u); /* elements to the boundary */
+  if (pro > len) pro = len;
+  if (tid < pro) scalar(tid);
+
+  constexpr int ILP = kInFlight / N > 0 ? kInFlight / N : 1;
+  const int32_t n4 = (len - pro) >> 2;
+  float4 *q[N];
+#pragma unroll
+  for (int k = 0; k < N; k++) q[k] = reinterpret_cast<float4 *>(p[k] + pro);
+
+  for (int32_t base = tid; base < n4; base += kBlock * ILP) {
+    float4 r[ILP][N];
+#pragma unroll
+    for (int u = 0; u < ILP; u++) {
+      const int32_t i = base + u * kBlock;
+      if (i < n4) {
+#pragma unroll
+        for (int k = 0; k < N; k++) r[u][k] = __ldcs(q[k] + i);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < ILP; u++) {
+      const int32_t i = base + u * kBlock;
+      if (i < n4) {
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+          float x[N];
+#pragma unroll
+          for (int k = 0; k < N; k++) x[k] = lane_of(r[u][k], j);
+          f(x);
+#pragma unroll
+          for (int k = 0; k < N; k++) lane_of(r[u][k], j) = x[k];
+        }
+#pragma unroll
+        for (int k = 0; k < N; k++)
+          if (STORE & (1u << k)) __stcs(q[k] + i, r[u][k]);
+      }
+    }
+  }
+
+  const int32_t t0 = pro + 4 * n4; /* 0..3 elements left */
+  if (tid < len - t0) scalar(t0 + tid);
+}
+
+/* ---- the per-element operations (formulas in step_math.h) ---- */
+
+struct StatsOp {
+  float inv;
+  float acc;
+  uint32_t bad;
+  __device__ void operator()(float (&x)[1]) {
+    const float y = x[0] * inv;
+    acc += y * y;
+    bad += !isfinite(y);
+  }
+};
+
+template <int DECOUPLED>
+struct AdamOp { /* x = w, g, m, v */
+  mtopt__scalars_t s;
+  __device__ void operator()(float (&x)[4]) {
+    mtopt__adam_elem(&s, DECOUPLED, x[1], &x[0], &x[2], &x[3]);
+  }
+};
+
+struct SgdBufOp { /* x = w, g, buf */
+  mtopt__scalars_t s;
+  __device__ void operator()(float (&x)[3]) { mtopt__sgd_elem(&s, x[1], &x[0], &x[2]); }
+};
+
+struct SgdOp { /* x = w, g; s.momentum is 0 */
+  mtopt__scalars_t s;
+  __device__ void operator()(float (&x)[2]) {
+    float unused = 0.0f;
+    mtopt__sgd_elem(&s, x[1], &x[0], &unused);
+  }
+};
+
+struct LambMomentsOp { /* x = w, g, m, v */
+  mtopt__scalars_t s;
+  float wsq, usq;
+  __device__ void operator()(float (&x)[4]) {
+    const float w = x[0];
+    const float u = mtopt__lamb_moments_elem(&s, x[1], w, &x[2], &x[3]);
+    wsq += w * w;
+    usq += u * u;
+  }
+};
+
+struct LambApplyOp { /* x = w, m, v */
+  mtopt__scalars_t s;
+  float step;
+  __device__ void operator()(float (&x)[3]) {
+    x[0] = fmaf(-step, mtopt__lamb_dir(&s, x[0], x[1], x[2]), x[0]);
+  }
+};
+
+/* ---- the end of a block: count, and finalise if last ---- */
+
+/* Every block calls it once, with all threads. The block that completes the
+ * last chunk of the pass (over all launches of the pass: the distributed layer
+ * may run a pass in several ranges) finalises it. Release: each block's slot
+ * writes are made visible (__threadfence) before its atomic; acquire: the last
+ * block fences again after seeing the full count and reads the slots from L2
+ * (__ldcg), never from a possibly stale L1 line. */
+template <int PASS>
+__device__ void finish_block(const mtopt__dev_plan_t &p) {
+  __shared__ int last;
+  __syncthreads(); /* the whole block's work, including thread 0's slot write */
+  if (threadIdx.x == 0) {
+    __threadfence();
+    const unsigned prev = atomicAdd(&p.hyper->blocks_done, 1u);
+    last = (int64_t)prev + 1 == p.num_chunks;
+  }
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  mtopt__hyper_t *h = p.hyper;
+  if constexpr (PASS == MTOPT__PASS_STATS) {
+    /* All slots, a fixed order: the same norm on every run. */
+    double sumsq = 0.0;
+    unsigned long long bad = 0;
+    /* Unrolled so that several slot loads are in flight (the sum order per
+     * thread stays sequential); this loop is on the step's critical path. */
+#pragma unroll 8
+    for (int64_t k = threadIdx.x; k < p.num_chunks; k += kBlock) {
+      sumsq += (double)__ldcg(&p.slot_gsq[k]);
+      bad += __ldcg(&p.slot_nonfinite[k]);
+    }
+    sumsq = block_sum(sumsq);
+    bad = block_sum(bad);
+    if (threadIdx.x == 0) {
+      if (p.defer_stats) { /* ZeRO-1: the comm layer adds the other ranks' sums */
+        p.stats_sum[0] = sumsq;
+        p.stats_sum[1] = (double)bad;
+      } else {
+        mtopt__stats_finalize(h, sumsq, (uint64_t)bad);
+      }
+    }
+  }
+  if (threadIdx.x == 0) {
+    h->blocks_done = 0; /* every other block of the pass has counted */
+    if (mtopt__pass_ends_step(p.kind, PASS)) mtopt__step_commit(h);
+  }
+}
+
+/* What a block learns about its chunk, once, in thread 0. */
+struct ChunkView {
+  float *w, *g, *s0, *s1;
+  int32_t len;
+  int32_t skip;
+  float inv;
+  int64_t first_chunk, num_chunks; /* the tensor's chunks (LAMB norms) */
+  mtopt__scalars_t s;
+};
+
+template <int PASS>
+__device__ __forceinline__ void load_view(const mtopt__dev_plan_t &p, int64_t c,
+                                          ChunkView &v) {
+  const mtopt__chunk_rec_t ch = p.chunks[c];
+  const mtopt__tensor_rec_t *t = &p.tensors[ch.tensor];
+  const mtopt__hyper_t *h = p.hyper;
+  v.w = t->w + ch.start;
+  v.g = t->g + ch.start;
+  v.s0 = t->s0 ? t->s0 + ch.start : nullptr;
+  v.s1 = t->s1 ? t->s1 + ch.start : nullptr;
+  v.len = ch.len;
+  v.first_chunk = t->first_chunk;
+  v.num_chunks = t->num_chunks;
+  v.skip = PASS != MTOPT__PASS_STATS && h->skip != 0;
+  if (PASS == MTOPT__PASS_STATS)
+    v.inv = mtopt__inv_loss_scale(h);
+  else if (!v.skip)
+    v.s = mtopt__chunk_scalars(h, &p.groups[t->group], t->flags);
+}
+
+/* ---- the kernels: one block per chunk c0 + blockIdx.x ---- */
+
+__global__ void __launch_bounds__(kBlock) stats_kernel(mtopt__dev_plan_t p, int64_t c0) {
+  __shared__ ChunkView v;
+  const int64_t c = c0 + blockIdx.x;
+  if (threadIdx.x == 0) load_view<MTOPT__PASS_STATS>(p, c, v);
+  __syncthreads();
+  StatsOp op{v.inv, 0.0f, 0u};
+  float *const arr[1] = {v.g};
+  stream_chunk<1, 0u>(arr, v.len, op);
+  const float acc = block_sum(op.acc);
+  const unsigned bad = block_sum((unsigned)op.bad);
+  if (threadIdx.x == 0) {
+    p.slot_gsq[c] = acc;
+    p.slot_nonfinite[c] = bad;
+  }
+  finish_block<MTOPT__PASS_STATS>(p);
+}
+
+template <int KIND>
+__global__ void __launch_bounds__(kBlock) update_kernel(mtopt__dev_plan_t p, int64_t c0) {
+  __shared__ ChunkView v;
+  const int64_t c = c0 + blockIdx.x;
+  if (threadIdx.x == 0) load_view<MTOPT__PASS_UPDATE>(p, c, v);
+  __syncthreads();
+  if (!v.skip) { /* a skipped step changes nothing, but its blocks still count */
+    if constexpr (KIND == MTOPT__KIND_ADAMW || KIND == MTOPT__KIND_ADAM) {
+      AdamOp<KIND == MTOPT__KIND_ADAMW> op{v.s};
+      float *const arr[4] = {v.w, v.g, v.s0, v.s1};
+      stream_chunk<4, 0xDu>(arr, v.len, op); /* store w, m, v */
+    } else if constexpr (KIND == MTOPT__KIND_SGD) {
+      /* The CPU backend's rule: the buffer is used when momentum != 0 and the
+       * tensor has one. */
+      if (v.s.momentum != 0.0f && v.s0) {
+        SgdBufOp op{v.s};
+        float *const arr[3] = {v.w, v.g, v.s0};
+        stream_chunk<3, 0x5u>(arr, v.len, op); /* store w, buf */
+      } else {
+        SgdOp op{v.s};
+        op.s.momentum = 0.0f;
+        float *const arr[2] = {v.w, v.g};
+        stream_chunk<2, 0x1u>(arr, v.len, op);
+      }
+    } else { /* LAMB stage 1: moments, and the chunk's sums of w^2 and u^2 */
+      LambMomentsOp op{v.s, 0.0f, 0.0f};
+      float *const arr[4] = {v.w, v.g, v.s0, v.s1};
+      stream_chunk<4, 0xCu>(arr, v.len, op); /* store m, v */
+      const float wsq = block_sum(op.wsq);
+      const float usq = block_sum(op.usq);
+      if (threadIdx.x == 0) {
+        p.slot_wsq[c] = wsq;
+        p.slot_usq[c] = usq;
+      }
+    }
+  }
+  finish_block<MTOPT__PASS_UPDATE>(p);
+}
+
+__global__ void __launch_bounds__(kBlock) lamb_apply_kernel(mtopt__dev_plan_t p, int64_t c0) {
+  __shared__ ChunkView v;
+  __shared__ float step;
+  const int64_t c = c0 + blockIdx.x;
+  if (threadIdx.x == 0) load_view<MTOPT__PASS_LAMB_APPLY>(p, c, v);
+  __syncthreads();
+  if (!v.skip) {
+    /* The tensor's norms from its slots: every chunk of the tensor reduces the
+     * same slots in the same order, so all of them use the same step. */
+    double wsq = 0.0, usq = 0.0;
+#pragma unroll 4
+    for (int64_t k = v.first_chunk + threadIdx.x; k < v.first_chunk + v.num_chunks;
+         k += kBlock) {
+      wsq += (double)p.slot_wsq[k];
+      usq += (double)p.slot_usq[k];
+    }
+    wsq = block_sum(wsq);
+    usq = block_sum(usq);
+    if (threadIdx.x == 0) step = mtopt__lamb_step(p.hyper, &v.s, (float)wsq, (float)usq);
+    __syncthreads();
+    LambApplyOp op{v.s, step};
+    float *const arr[3] = {v.w, v.s0, v.s1};
+    stream_chunk<3, 0x1u>(arr, v.len, op); /* store w */
+  }
+  finish_block<MTOPT__PASS_LAMB_APPLY>(p);
+}
+
+/* A pass over a plan with no chunks (an empty model, or a ZeRO-1 rank that
+ * owns no elements) still ends: the same finalisation, by one thread. */
+__global__ void empty_pass_kernel(mtopt__dev_plan_t p, int pass) {
+  if (pass == MTOPT__PASS_STATS) {
+    if (p.defer_stats) {
+      p.stats_sum[0] = 0.0;
+      p.stats_sum[1] = 0.0;
+    } else {
+      mtopt__stats_finalize(p.hyper, 0.0, 0u);
+    }
+  } else if (mtopt__pass_ends_step(p.kind, pass)) {
+    mtopt__step_commit(p.hyper);
+  }
+}
+
+__global__ void finish_stats_kernel(mtopt__hyper_t *h, const double *sum) {
+  mtopt__stats_finalize(h, sum[0], (uint64_t)sum[1]);
+}
+
+/* ---- ordered small writes ---- */
+
+constexpr int kWriteBytes = 64;
+struct WriteArgs {
+  unsigned char b[kWriteBytes];
+};
+
+__global__ void write_kernel(unsigned char *dst, WriteArgs src, int n) {
+  if ((int)threadIdx.x < n) dst[threadIdx.x] = src.b[threadIdx.x];
+}
+
+} /* namespace */
+
+extern "C" cudaError_t mtopt__launch_pass(const mtopt__dev_plan_t *plan, int pass,
+                                          int64_t c0, int64_t c1, cudaStream_t stream) {
+  if (plan->num_chunks == 0) {
+    empty_pass_kernel<<<1, 1, 0, stream>>>(*plan, pass);
+    return cudaGetLastError();
+  }
+  if (c1 <= c0) return cudaSuccess;
+  const int64_t n = c1 - c0; /* <= num_chunks <= 2^31-1: the grid's x limit */
+  const dim3 grid((unsigned)n), block(kBlock);
+  const mtopt__dev_plan_t p = *plan;
+  switch (pass) {
+  case MTOPT__PASS_STATS:
+    stats_kernel<<<grid, block, 0, stream>>>(p, c0);
+    break;
+  case MTOPT__PASS_UPDATE:
+    switch (p.kind) {
+    case MTOPT__KIND_ADAMW:
+      update_kernel<MTOPT__KIND_ADAMW><<<grid, block, 0, stream>>>(p, c0);
+      break;
+    case MTOPT__KIND_ADAM:
+      update_kernel<MTOPT__KIND_ADAM><<<grid, block, 0, stream>>>(p, c0);
+      break;
+    case MTOPT__KIND_SGD:
+      update_kernel<MTOPT__KIND_SGD><<<grid, block, 0, stream>>>(p, c0);
+      break;
+    case MTOPT__KIND_LAMB:
+      update_kernel<MTOPT__KIND_LAMB><<<grid, block, 0, stream>>>(p, c0);
+      break;
+    default:
+      return cudaErrorInvalidValue;
+    }
+    break;
+  case MTOPT__PASS_LAMB_APPLY:
+    lamb_apply_kernel<<<grid, block, 0, stream>>>(p, c0);
+    break;
+  default:
+    return cudaErrorInvalidValue;
+  }
+  return cudaGetLastError();
+}
+
+extern "C" cudaError_t mtopt__launch_finish_stats(mtopt__hyper_t *hyper,
+                                                  const double *stats_sum,
+                                                  cudaStream_t stream) {
+  finish_stats_kernel<<<1, 1, 0, stream>>>(hyper, stats_sum);
+  return cudaGetLastError();
+}
+
+extern "C" cudaError_t mtopt__launch_write(void *dst, const void *src, size_t bytes,
+                                           cudaStream_t stream) {
+  unsigned char *d = static_cast<unsigned char *>(dst);
+  const unsigned char *s = static_cast<const unsigned char *>(src);
+  while (bytes > 0) {
+    const int n = bytes < (size_t)kWriteBytes ? (int)bytes : kWriteBytes;
+    WriteArgs a;
+    memset(&a, 0, sizeof a);
+    memcpy(a.b, s, (size_t)n);
+    write_kernel<<<1, kWriteBytes, 0, stream>>>(d, a, n);
+    const cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return e;
+    d += n;
+    s += n;
+    bytes -= (size_t)n;
+  }
+  return cudaSuccess;
+}

@@ -1,0 +1,1163 @@
+/* The distributed layer: communicators, the bucket plan, the cross-rank plan
+ * check and the bucket epilogue (all-reduce or ZeRO-1). MPI collectives serve
+ * the CPU backend; on CUDA the collectives go through comm_nccl.c and this
+ * file only orders them. The optimizer math stays in the backends: a bucket's
+ * step is ops->run_pass over the bucket's contiguous chunk range. */
+#include <limits.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "comm_internal.h"
+
+int64_t mtopt__dist_slice_elems = INT64_C(1) << 20;
+
+#define COMM_CONFIG_MIN_SIZE (offsetof(mtopt_comm_config_t, zero_stage) + sizeof(int))
+
+struct mtopt_comm {
+  mtopt_context_t *ctx;
+  mtopt_comm_config_t cfg;
+  int rank, world;
+  MPI_Comm mpi;       /* our duplicate, or MPI_COMM_NULL for a wrapped NCCL comm */
+  mtopt__nccl_t *nccl; /* NULL: MPI collectives (CPU backend) */
+  int64_t users;       /* distributed optimizers alive */
+};
+
+typedef struct {
+  int64_t first_tensor, num_tensors; /* list indices [first, first + num) */
+  int64_t offset, numel;             /* range of the gradient buffer */
+  int64_t c0, c1;                    /* chunk range of the inner plan */
+  int64_t slice;                     /* ZeRO-1: elements per rank */
+  int64_t shard_off;                 /* ZeRO-1: this rank's slice in the shard buffer */
+  int64_t p0, p1;                    /* ZeRO-1: this rank's pieces (inner tensors) */
+} bucket_t;
+
+typedef struct { /* ZeRO-1: a piece of a list tensor stepped by this rank */
+  int64_t tensor, start, len;
+} piece_t;
+
+struct mtopt_dist_optimizer {
+  mtopt_comm_t *comm;
+  mtopt_context_t *ctx;
+  mtopt_tensor_list_t *list;       /* the user's; frozen while we live */
+  mtopt_tensor_list_t *shard_list; /* ZeRO-1: the pieces */
+  mtopt_optimizer_t *opt;          /* the inner optimizer */
+  mtopt__plan_t plan;              /* the inner plan as we run it */
+  int zero, kind, use_stats, world, rank;
+  float inv_world;
+  int nb;
+  bucket_t *b;
+  int64_t nt;
+  int64_t *goff;     /* per list tensor: offset of its gradient in gbuf */
+  int64_t *numel;    /* per list tensor */
+  float **param;     /* per list tensor */
+  int *tbucket;      /* per list tensor: its bucket */
+  float *gbuf;       /* the gradient buffer (ZeRO-1: ours; else the inner one's) */
+  int64_t gbuf_numel;
+  float *shard;      /* ZeRO-1: this rank's reduced slices */
+  int64_t shard_numel;
+  double *stats_sum; /* ZeRO-1 with statistics: 2 doubles, backend memory */
+  piece_t *pieces;
+  int64_t npieces;
+  /* one step */
+  unsigned char *marked;
+  int next_start, next_done; /* buckets [0, next_start) issued, [0, next_done) stepped */
+  MPI_Request *req;          /* per bucket: its reduction (CPU) */
+  MPI_Request *ag_req;       /* per bucket: its all-gather (CPU, ZeRO-1) */
+  int broken;
+};
+
+/* ------------------------------------------------------------ MPI helpers -- */
+
+static mtopt_status_t mpi_fail(mtopt_context_t *ctx, int rc, const char *what) {
+  char text[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  if (MPI_Error_string(rc, text, &len) != MPI_SUCCESS) snprintf(text, sizeof text, "code %d", rc);
+  return mtopt__error(ctx, MTOPT_STATUS_COMM_ERROR, "%s: MPI error: %s", what, text);
+}
+
+static double now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
+}
+
+/* Waits for one request, at most timeout_ms (0: forever). A request that times
+ * out stays pending: MPI cannot cancel a collective, so the caller marks the
+ * optimizer broken and keeps the buffers alive. */
+static mtopt_status_t mpi_wait(mtopt_context_t *ctx, MPI_Request *r, int timeout_ms,
+                               const char *what) {
+  if (*r == MPI_REQUEST_NULL) return MTOPT_STATUS_SUCCESS;
+  if (timeout_ms <= 0) {
+    const int rc = MPI_Wait(r, MPI_STATUS_IGNORE);
+    return rc == MPI_SUCCESS ? MTOPT_STATUS_SUCCESS : mpi_fail(ctx, rc, what);
+  }
+  const double deadline = now_ms() + timeout_ms;
+  for (unsigned spin = 0;; spin++) {
+    int done = 0;
+    const int rc = MPI_Test(r, &done, MPI_STATUS_IGNORE);
+    if (rc != MPI_SUCCESS) return mpi_fail(ctx, rc, what);
+    if (done) return MTOPT_STATUS_SUCCESS;
+    if ((spin & 63) == 0 && now_ms() > deadline)
+      return mtopt__error(ctx, MTOPT_STATUS_COMM_ERROR,
+                          "%s: not finished after timeout_ms = %d (a rank did not join "
+                          "the collective, or the network stalled)",
+                          what, timeout_ms);
+    sched_yield();
+  }
+}
+
+static mtopt_status_t check_mpi_ready(mtopt_context_t *ctx, const char *fn) {
+  int init = 0, fin = 0;
+  MPI_Initialized(&init);
+  MPI_Finalized(&fin);
+  if (!init || fin)
+    return mtopt__error(ctx, MTOPT_STATUS_INVALID_ARGUMENT,
+                        "%s: MPI is %s (the caller initialises and finalises MPI)", fn,
+                        fin ? "already finalised" : "not initialised");
+  return MTOPT_STATUS_SUCCESS;
+}
+
+/* -------------------------------------------------------------- comm ------ */
+
+mtopt_status_t mtopt_comm_local_rank(MPI_Comm comm, int *local_rank) {
+  static const char fn[] = "mtopt_comm_local_rank";
+  if (!local_rank)
+    return mtopt__error(NULL, MTOPT_STATUS_INVALID_ARGUMENT, "%s: local_rank is NULL", fn);
+  CHECK(check_mpi_ready(NULL, fn));
+  MPI_Comm node;
+  int rc = MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+  if (rc != MPI_SUCCESS) return mpi_fail(NULL, rc, fn);
+  int r = 0;
+  rc = MPI_Comm_rank(node, &r);
+  MPI_Comm_free(&node);
+  if (rc != MPI_SUCCESS) return mpi_fail(NULL, rc, fn);
+  *local_rank = r;
+  return MTOPT_STATUS_SUCCESS;
+}
+
+static mtopt_status_t read_comm_config(mtopt_context_t *ctx, const char *fn,
+                                       const mtopt_comm_config_t *in,
+                                       mtopt_comm_config_t *out) {
+  const mtopt_comm_config_t def = MTOPT_COMM_CONFIG_INIT;
+  *out = def;
+  if (!in) return MTOPT_STATUS_SUCCESS;
+  if (in->struct_size < COMM_CONFIG_MIN_SIZE || in->struct_size > 4096)
+    return mtopt__error(ctx, MTOPT_STATUS_INVALID_ARGUMENT,
+                        "%s: config.struct_size %zu is not a known size (initialise "
+                        "with MTOPT_COMM_CONFIG_INIT)",
+                        fn, in->struct_size);
+  memcpy(out, in, in->struct_size < sizeof *out ? in->struct_size : sizeof *out);
+  out->struct_size = sizeof *out;
+  if (out->bucket_bytes == 0 || out->first_bucket_bytes == 0)
+    return mtopt__error(ctx, MTOPT_STATUS_INVALID_ARGUMENT,
+                        "%s: bucket_bytes and first_bucket_bytes must be > 0", fn);
+  if (out->timeout_ms < 0)
+    return mtopt__error(ctx, MTOPT_STATUS_INVALID_ARGUMENT,
+                        "%s: timeout_ms %d is negative (0 waits forever)", fn, out->timeout_ms);
+  if (out->zero_stage != 0 && out->zero_stage != 1)
+    return mtopt__error(ctx, MTOPT_STATUS_INVALID_ARGUMENT,
+                        "%s: zero_stage %d is not 0 or 1", fn, out->zero_stage);
+  return MTOPT_STATUS_SUCCESS;
+}
+
+mtopt_status_t mtopt_comm_create_mpi(mtopt_context_t *ctx, MPI_Comm comm,
+                                     const mtopt_comm_config_t *config, mtopt_comm_t **out) {
+  static const char fn[] = "mtopt_comm_create_mpi";
+  if (!ctx || !out)
+    return mtopt__error(ctx, MTOPT_STATUS_INVALID_ARGUMENT, "%s: %s is NULL", fn,
+                        ctx ? "out" : "ctx");
+  mtopt_comm_config_t cfg;
+  CHECK(read_comm_config(ctx, fn, config, &cfg));
+  CHECK(check_mpi_ready(ctx, fn));
+  if (comm == MPI_COMM_NULL)
+    return mtopt__error(ctx, MTOPT_STATUS_INVALID_ARGUMENT, "%s: comm is MPI_COMM_NULL", fn);
+#ifndef MTOPT_HAVE_NCCL
+  if (ctx->backend != MTOPT_BACKEND_CPU)
+    return mtopt__error(ctx, MTOPT_STATUS_NOT_SUPPORTED,
+                        "%s: a CUDA context needs NCCL; this build has none (configure "
+                        "with -DMTOPT_WITH_NCCL=ON)",
+                        fn);
+#endif
+  mtopt_comm_t *c = calloc(1, sizeof *c);
+  if (!c) return mtopt__error(ctx, MTOPT_STATUS_OUT_OF_MEMORY, "%s: calloc failed", fn);
+  c->ctx = ctx;
+  c->cfg = cfg;
+  c->mpi = MPI_COMM_NULL;
+  mtopt_status_t st = MTOPT_STATUS_SUCCESS;
+  int rc = MPI_Comm_dup(comm, &c->mpi);
+  if (rc != MPI_SUCCESS) {
+    st = mpi_fail(ctx, rc, fn);
+    goto fail;
+  }
+  /* Errors come back as codes so that they become COMM_ERROR, not an abort. */
+  MPI_Comm_set_errhandler(c->mpi, MPI_ERRORS_RETURN);
+  MPI_Comm_rank(c->mpi, &c->rank);
+  MPI_Comm_size(c->mpi, &c->world);
+#ifdef MTOPT_HAVE_NCCL
+  if (ctx->backend == MTOPT_BACKEND_CUDA) {
+    unsigned char id[MTOPT__NCCL_ID_BYTES];
+    memset(id, 0, sizeof id);
+    /* Rank 0's failure must reach the others, or they would wait in the
+     * broadcast for an id that never comes: broadcast a flag with it. */
+    mtopt_status_t idst = MTOPT_STATUS_SUCCESS;
+    if (c->rank == 0) idst = mtopt__nccl_unique_id(ctx, id);
+    unsigned char msg[MTOPT__NCCL_ID_BYTES + 1];
+    msg[0] = idst == MTOPT_STATUS_SUCCESS;
+    memcpy(msg + 1, id, sizeof id);
+    rc = MPI_Bcast(msg, (int)sizeof msg, MPI_BYTE, 0, c->mpi);
+    if (rc != MPI_SUCCESS) {
+      st = mpi_fail(ctx, rc, fn);
+      goto fail;
+    }
+    if (!msg[0]) {
+      st = c->rank == 0 ? idst
+                        : mtopt__error(ctx, MTOPT_STATUS_COMM_ERROR,
+                                       "%s: rank 0 could not make the NCCL unique id", fn);
+      goto fail;
+    }
+    CHECK_GOTO(mtopt__nccl_create(ctx, msg + 1, c->world, c->rank, NULL, cfg.timeout_ms,
+                                  &c->nccl),
+               st, fail);
+  }
+#endif
+  ctx->live_objects++;
+  *out = c;
+  return MTOPT_STATUS_SUCCESS;
+fail:
+  if (c->mpi != MPI_COMM_NULL) MPI_Comm_free(&c->mpi);
+  free(c);
+  return st;
+}
+
+mtopt_status_t mtopt_comm_create_nccl(mtopt_context_t *ctx, void *nccl_comm,
+                                      const mtopt_comm_config_t *config, mtopt_comm_t **out) {
+  static const char fn[] = "mtopt_comm_create_nccl";
+  if (!ctx || !out || !nccl_comm)
+    return mtopt__error(ctx, MTOPT_STATUS_INVALID_ARGUMENT, "%s: %s is NULL", fn,
+                        !ctx ? "ctx" : !out ? "out" : "nccl_comm");
+  mtopt_comm_config_t cfg;
+  CHECK(read_comm_config(ctx, fn, config, &cfg));
+#ifndef MTOPT_HAVE_NCCL
+  return mtopt__error(ctx, MTOPT_STATUS_NOT_SUPPORTED,
+                      "%s: this build of mtopt has no NCCL (configure with "
+                      "-DMTOPT_WITH_NCCL=ON)",
+                      fn);
+#else
+  if (ctx->backend != MTOPT_BACKEND_CUDA)
+    return mtopt__error(ctx, MTOPT_STATUS_NOT_SUPPORTED,
+                        "%s: an NCCL communicator needs a CUDA context", fn);
+  mtopt_comm_t *c = calloc(1, sizeof *c);
+  if (!c) return mtopt__error(ctx, MTOPT_STATUS_OUT_OF_MEMORY, "%s: calloc failed", fn);
+  c->ctx = ctx;
+  c->cfg = cfg;
+  c->mpi = MPI_COMM_NULL;
+  mtopt_status_t st = mtopt__nccl_comm_info(ctx, nccl_comm, &c->rank, &c->world);
+  if (st == MTOPT_STATUS_SUCCESS)
+    st = mtopt__nccl_create(ctx, NULL, c->world, c->rank, nccl_comm, cfg.timeout_ms, &c->nccl);
+  if (st != MTOPT_STATUS_SUCCESS) {
+    free(c);
+    return st;
+  }
+  ctx->live_objects++;
+  *out = c;
+  return MTOPT_STATUS_SUCCESS;
+#endif
+}
+
+mtopt_status_t mtopt_comm_destroy(mtopt_comm_t *comm) {
+  if (!comm) return MTOPT_STATUS_SUCCESS;
+  if (comm->users > 0)
+    return mtopt__error(comm->ctx, MTOPT_STATUS_INVALID_USAGE,
+                        "mtopt_comm_destroy: %lld distributed optimizers made from it are "
+                        "alive; destroy them first",
+                        (long long)comm->users);
+  mtopt_status_t st = MTOPT_STATUS_SUCCESS;
+#ifdef MTOPT_HAVE_NCCL
+  if (comm->nccl) st = mtopt__nccl_destroy(comm->nccl);
+#endif
+  int fin = 0;
+  MPI_Finalized(&fin);
+  if (comm->mpi != MPI_COMM_NULL && !fin) MPI_Comm_free(&comm->mpi);
+  comm->ctx->live_objects--;
+  free(comm);
+  return st;
+}
+
+mtopt_status_t mtopt_comm_get_rank(const mtopt_comm_t *comm, int *rank) {
+  if (!comm || !rank)
+    return mtopt__error(NULL, MTOPT_STATUS_INVALID_ARGUMENT, "mtopt_comm_get_rank: %s is NULL",
+                        comm ? "rank" : "comm");
+  *rank = comm->rank;
+  return MTOPT_STATUS_SUCCESS;
+}
+
+mtopt_status_t mtopt_comm_get_size(const mtopt_comm_t *comm, int *size) {
+  if (!comm || !size)
+    return mtopt__error(NULL, MTOPT_STATUS_INVALID_ARGUMENT, "mtopt_comm_get_size: %s is NULL",
+                        comm ? "size" : "comm");
+  *size = comm->world;
+  return MTOPT_STATUS_SUCCESS;
+}
+
+/* Element-wise max over ranks of int64 values, on whichever transport the
+ * communicator has; bounded by the timeout. */
+static mtopt_status_t allreduce_max_i64(mtopt_comm_t *c, int64_t *v, int n, const char *what) {
+  if (c->mpi != MPI_COMM_NULL) {
+    /* A heap copy: a collective that times out is abandoned with its buffer,
+     * which is then leaked rather than left to MPI on a dead stack frame. */
+    int64_t *buf = malloc((size_t)n * sizeof *buf);
+    if (!buf) return mtopt__error(c->ctx, MTOPT_STATUS_OUT_OF_MEMORY, "%s: malloc failed", what);
+    memcpy(buf, v, (size_t)n * sizeof *buf);
+    MPI_Request r;
+    const int rc = MPI_Iallreduce(MPI_IN_PLACE, buf, n, MPI_INT64_T, MPI_MAX, c->mpi, &r);
+    if (rc != MPI_SUCCESS) {
+      free(buf);
+      return mpi_fail(c->ctx, rc, what);
+    }
+    CHECK(mpi_wait(c->ctx, &r, c->cfg.timeout_ms, what));
+    memcpy(v, buf, (size_t)n * sizeof *buf);
+    free(buf);
+    return MTOPT_STATUS_SUCCESS;
+  }
+#ifdef MTOPT_HAVE_NCCL
+  return mtopt__nccl_allreduce_max_i64(c->nccl, v, n);
+#else
+  return mtopt__error(c->ctx, MTOPT_STATUS_INTERNAL, "%s: no transport", what);
+#endif
+}
+
+/* ------------------------------------------------------- the bucket plan -- */
+
+/* Groups list tensors [0, n) in reverse order into buckets: the first closes
+ * at first_bytes, the others at bytes. Writes lo/hi per bucket into b (may be
+ * NULL to count). */
+static int plan_buckets(const int64_t *numel, int64_t n, size_t first_bytes, size_t bytes,
+                        bucket_t *b) {
+  int nb = 0;
+  int64_t hi = n, acc = 0;
+  for (int64_t i = n - 1; i >= 0; i--) {
+    acc += numel[i] * (int64_t)sizeof(float);
+    const size_t cap = nb == 0 ? first_bytes : bytes;
+    if ((size_t)acc >= cap || i == 0) {
+      if (b) {
+        b[nb].first_tensor = i;
+        b[nb].num_tensors = hi - i;
+      }
+      nb++;
+      hi = i;
+      acc = 0;
+    }
+  }
+  return nb;
+}
+
+static int64_t round_up(int64_t x, int64_t a) { return (x + a - 1) / a * a; }
+
+/* ---------------------------------------------------- the plan check -- */
+
+static uint64_t mix(uint64_t h, int64_t v) {
+  h ^= (uint64_t)v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+  h *= 0xff51afd7ed558ccdull;
+  return h ^ (h >> 33);
+}
+
+enum { H_NT, H_ZERO, H_BUCKET, H_FIRST, H_KIND, H_CHUNK, H_STATS, H_NB, H_GBUF, H_HASH, H_N };
+static const char *const h_names[H_N] = {
+    "tensor count", "zero_stage", "bucket_bytes", "first_bucket_bytes", "optimizer kind",
+    "chunk_size", "statistics pass (clipping / loss scaling / skip_nonfinite)",
+    "bucket count", "gradient buffer length", "tensor table"};
+
+/* Every rank must have built the same plan, or the collectives would mix
+ * unrelated ranges (or hang on different counts). One max-reduction of
+ * (x, -x) gives max and min of each fact; where they differ, a second one over
+ * the per-tensor records finds the first differing tensor. Both run on every
+ * rank, so every rank reports the same mismatch. */
+static mtopt_status_t check_plan_across_ranks(mtopt_dist_optimizer_t *d, const char *fn) {
+  mtopt_comm_t *c = d->comm;
+  const mtopt_optimizer_config_t *oc = &d->opt->config;
+  int64_t h[H_N];
+  uint64_t hash = 0x12345;
+  for (int64_t i = 0; i < d->nt; i++) {
+    const mtopt_tensor_desc_t *t = &d->list->items[i].desc;
+    hash = mix(mix(mix(mix(hash, t->numel), d->goff[i]), t->group), (int64_t)t->flags);
+  }
+  h[H_NT] = d->nt;
+  h[H_ZERO] = d->zero;
+  h[H_BUCKET] = (int64_t)c->cfg.bucket_bytes;
+  h[H_FIRST] = (int64_t)c->cfg.first_bucket_bytes;
+  h[H_KIND] = oc->kind;
+  h[H_CHUNK] = oc->chunk_size;
+  h[H_STATS] = d->use_stats;
+  h[H_NB] = d->nb;
+  h[H_GBUF] = d->gbuf_numel;
+  h[H_HASH] = (int64_t)(hash >> 2); /* non-negative: -x must not overflow */
+  int64_t v[2 * H_N];
+  for (int k = 0; k < H_N; k++) {
+    v[k] = h[k];
+    v[H_N + k] = -h[k];
+  }
+  CHECK(allreduce_max_i64(c, v, 2 * H_N, "mtopt_dist_optimizer_create (plan check)"));
+  int diff = -1;
+  for (int k = 0; k < H_N && diff < 0; k++)
+    if (v[k] != -v[H_N + k]) diff = k;
+  if (diff < 0) return MTOPT_STATUS_SUCCESS;
+
+  /* Name the first differing tensor among those every rank has. */
+  const int64_t nmin = -v[H_N + H_NT];
+  const int nrec = 4;
+  int64_t *r = malloc((size_t)(2 * nrec * (nmin > 0 ? nmin : 1)) * sizeof *r);
+  if (!r) return mtopt__error(c->ctx, MTOPT_STATUS_OUT_OF_MEMORY, "%s: malloc failed", fn);
+  int64_t *mine = malloc((size_t)(nrec * (nmin > 0 ? nmin : 1)) * sizeof *mine);
+  if (!mine) {
+    free(r);
+    return mtopt__error(c->ctx, MTOPT_STATUS_OUT_OF_MEMORY, "%s: malloc failed", fn);
+  }
+  for (int64_t i = 0; i < nmin; i++) {
+    const mtopt_tensor_desc_t *t = &d->list->items[i].desc;
+    const int64_t rec[4] = {t->numel, d->goff[i], t->group, (int64_t)t->flags};
+    for (int k = 0; k < nrec; k++) {
+      mine[i * nrec + k] = rec[k];
+      r[i * nrec + k] = rec[k];
+      r[nmin * nrec + i * nrec + k] = -rec[k];
+    }
+  }
+  mtopt_status_t st = MTOPT_STATUS_SUCCESS;
+  if (nmin > 0 && nmin * 2 * nrec <= INT_MAX)
+    st = allreduce_max_i64(c, r, (int)(2 * nrec * nmin), "mtopt_dist_optimizer_create (plan check)");
+  if (st == MTOPT_STATUS_SUCCESS) {
+    static const char *const rec_names[4] = {"numel", "gradient offset", "group", "flags"};
+    int64_t bad = -1;
+    int field = 0;
+    for (int64_t i = 0; i < nmin && bad < 0 && nmin * 2 * nrec <= INT_MAX; i++)
+      for (int k = 0; k < nrec; k++)
+        if (r[i * nrec + k] != -r[nmin * nrec + i * nrec + k]) {
+          bad = i;
+          field = k;
+          break;
+        }
+    if (bad >= 0) {
+      const char *nm = d->list->items[bad].name;
+      st = mtopt__error(
+          c->ctx, MTOPT_STATUS_INVALID_ARGUMENT,
+          "%s: the ranks built different plans: tensor %lld '%s' has %s between %lld and "
+          "%lld across ranks (this rank, %d: %lld)%s",
+          fn, (long long)bad, nm ? nm : "", rec_names[field],
+          (long long)-r[nmin * nrec + bad * nrec + field], (long long)r[bad * nrec + field],
+          c->rank, (long long)mine[bad * nrec + field],
+          field == 1 ? "; gradient offsets follow the parameters' addresses mod 16 bytes, "
+                       "so allocate parameters alike on every rank"
+                     : "");
+    } else {
+      st = mtopt__error(c->ctx, MTOPT_STATUS_INVALID_ARGUMENT,
+                        "%s: the ranks built different plans: %s is between %lld and %lld "
+                        "across ranks (this rank, %d: %lld)",
+                        fn, h_names[diff], (long long)-v[H_N + diff], (long long)v[diff],
+                        c->rank, (long long)h[diff]);
+    }
+  }
+  free(r);
+  free(mine);
+  return st;
+}
+
+/* ------------------------------------------------- the dist optimizer -- */
+
+static void dist_free(mtopt_dist_optimizer_t *d) {
+  mtopt_context_t *ctx = d->ctx;
+  if (d->opt) mtopt_optimizer_destroy(d->opt);
+  if (d->shard_list) mtopt_tensor_list_destroy(d->shard_list);
+  if (d->zero && d->gbuf) ctx->ops->release(ctx, d->gbuf);
+  if (d->shard) ctx->ops->release(ctx, d->shard);
+  if (d->stats_sum) ctx->ops->release(ctx, d->stats_sum);
+  free(d->b);
+  free(d->goff);
+  free(d->numel);
+  free(d->param);
+  free(d->tbucket);
+  free(d->pieces);
+  free(d->marked);
+  free(d->req);
+  free(d->ag_req);
+  free(d);
+}
+
+/* ZeRO-1 layout: buckets one after another in bucket order, each padded to a
+ * multiple of 4 * world elements so that every rank's slice is the same size
+ * and 16-byte aligned; tensors inside at offsets with their weights' residue
+ * mod 16 bytes (as the core's buffer), so w, g and state share one vector
+ * path. Then this rank's pieces become the inner optimizer's tensors. */
+static mtopt_status_t build_zero1(mtopt_dist_optimizer_t *d, const mtopt_optimizer_config_t *cfg,
+                                  const char *fn) {
+  mtopt_context_t *ctx = d->ctx;
+  const int W = d->world, R = d->rank;
+  int64_t off = 0, soff = 0;
+  for (int k = 0; k < d->nb; k++) {
+    bucket_t *b = &d->b[k];
+    b->offset = off;
+    int64_t end = off;
+    for (int64_t i = b->first_tensor; i < b->first_tensor + b->num_tensors; i++) {
+      if (d->numel[i] == 0) {
+        d->goff[i] = end;
+        continue;
+      }
+      d->goff[i] = mtopt__aligned_offset(end, d->param[i]);
+      end = d->goff[i] + d->numel[i];
+    }
+    b->slice = round_up((end - off + W - 1) / W, 4);
+    b->numel = b->slice * W;
+    b->shard_off = soff;
+    off += b->numel;
+    soff += b->slice;
+  }
+  d->gbuf_numel = off;
+  d->shard_numel = soff;
+  if (off > 0) CHECK(ctx->ops->alloc(ctx, (size_t)off * sizeof(float), (void **)&d->gbuf));
+  if (soff > 0) CHECK(ctx->ops->alloc(ctx, (size_t)soff * sizeof(float), (void **)&d->shard));
+
+  /* This rank's pieces, bucket by bucket, so that each bucket's pieces (and
+   * chunks) are contiguous in the inner optimizer. */
+  d->pieces = malloc((size_t)(d->nt + d->nb + 1) * sizeof *d->pieces);
+  if (!d->pieces) return mtopt__error(ctx, MTOPT_STATUS_OUT_OF_MEMORY, "%s: malloc failed", fn);
+  CHECK(mtopt_tensor_list_create(ctx, &d->shard_list));
+  for (int g = 0; g < MTOPT_MAX_GROUPS; g++)
+    d->shard_list->groups[g] = d->list->groups[g];
+  int64_t np = 0;
+  for (int k = 0; k < d->nb; k++) {
+    bucket_t *b = &d->b[k];
+    const int64_t s0 = b->offset + (int64_t)R * b->slice, s1 = s0 + b->slice;
+    b->p0 = np;
+    for (int64_t i = b->first_tensor; i < b->first_tensor + b->num_tensors; i++) {
+      const int64_t lo = d->goff[i] > s0 ? d->goff[i] : s0;
+      const int64_t hi = d->goff[i] + d->numel[i] < s1 ? d->goff[i] + d->numel[i] : s1;
+      if (hi <= lo) continue;
+      const mtopt_tensor_desc_t *src = &d->list->items[i].desc;
+      mtopt_tensor_desc_t desc = *src;
+      desc.struct_size = sizeof desc;
+      desc.param = d->param[i] + (lo - d->goff[i]);
+      desc.grad = d->shard + b->shard_off + (lo - s0);
+      desc.numel = hi - lo;
+      desc.name = d->list->items[i].name;
+      CHECK(mtopt_tensor_list_add(d->shard_list, &desc, NULL));
+      d->pieces[np++] = (piece_t){i, lo - d->goff[i], hi - lo};
+    }
+    b->p1 = np;
+  }
+  d->npieces = np;
+  CHECK(mtopt_optimizer_create(ctx, d->shard_list, cfg, &d->opt));
+  const mtopt__tensor_rec_t *tr = d->opt->tensors_host;
+  const int64_t nc = d->opt->plan.num_chunks;
+  for (int k = 0; k < d->nb; k++) {
+    bucket_t *b = &d->b[k];
+    b->c0 = b->p0 < np ? tr[b->p0].first_chunk : nc;
+    b->c1 = b->p1 < np ? tr[b->p1].first_chunk : nc;
+  }
+  return MTOPT_STATUS_SUCCESS;
+}
+
+/* zero_stage 0: the inner optimizer owns the buffer (registration order, with
+ * alignment padding); a bucket is the range from its first tensor's gradient
+ * to its last one's end. */
+static void build_zero0(mtopt_dist_optimizer_t *d) {
+  const mtopt__tensor_rec_t *tr = d->opt->tensors_host;
+  d->gbuf = d->opt->dev_grads;
+  d->gbuf_numel = d->opt->grad_buffer_numel;
+  int64_t next = 0; /* offset of the next non-empty tensor, for empty ones */
+  for (int64_t i = 0; i < d->nt; i++) {
+    if (d->numel[i] > 0) {
+      d->goff[i] = tr[i].g - d->gbuf;
+      next = d->goff[i] + d->numel[i];
+    } else {
+      d->goff[i] = next;
+    }
+  }
+  const int64_t nc = d->opt->plan.num_chunks;
+  for (int k = 0; k < d->nb; k++) {
+    bucket_t *b = &d->b[k];
+    const int64_t lo = b->first_tensor, hi = lo + b->num_tensors;
+    b->c0 = tr[lo].first_chunk;
+    b->c1 = hi < d->nt ? tr[hi].first_chunk : nc;
+    int64_t s = -1, e = -1;
+    for (int64_t i = lo; i < hi; i++) {
+      if (d->numel[i] == 0) continue;
+      if (s < 0) s = d->goff[i];
+      e = d->goff[i] + d->numel[i];
+    }
+    b->offset = s < 0 ? d->goff[lo] : s;
+    b->numel = s < 0 ? 0 : e - s;
+  }
+}
+
+mtopt_status_t mtopt_dist_optimizer_create(mtopt_comm_t *comm, mtopt_tensor_list_t *list,
+                                           const mtopt_optimizer_config_t *config,
+                                           mtopt_dist_optimizer_t **out) {
+  static const char fn[] = "mtopt_dist_optimizer_create";
+  if (!comm || !list || !config || !out)
+    return mtopt__error(comm ? comm->ctx : NULL, MTOPT_STATUS_INVALID_ARGUMENT, "%s: %s is NULL",
+                        fn, !comm ? "comm" : !list ? "list" : !config ? "config" : "out");
+  mtopt_context_t *ctx = comm->ctx;
+  if (list->ctx != ctx)
+    return mtopt__error(ctx, MTOPT_STATUS_INVALID_ARGUMENT,
+                        "%s: the tensor list belongs to another context than the "
+                        "communicator",
+                        fn);
+  if (config->struct_size < offsetof(mtopt_optimizer_config_t, kind) + sizeof(int))
+    return mtopt__error(ctx, MTOPT_STATUS_INVALID_ARGUMENT,
+                        "%s: config.struct_size %zu is not a known size", fn,
+                        config->struct_size);
+  for (int64_t i = 0; i < list->count; i++)
+    if (list->items[i].desc.grad)
+      return mtopt__error(ctx, MTOPT_STATUS_INVALID_ARGUMENT,
+                          "%s: tensor %lld '%s' was added with its own gradient; the "
+                          "distributed optimizer needs grad == NULL (its buckets are "
+                          "ranges of the library's contiguous gradient buffer)",
+                          fn, (long long)i, list->items[i].name ? list->items[i].name : "");
+  if (list->users > 0)
+    return mtopt__error(ctx, MTOPT_STATUS_INVALID_USAGE,
+                        "%s: the tensor list is already used by an optimizer", fn);
+  if (comm->cfg.zero_stage == 1 && config->kind == MTOPT_OPTIMIZER_LAMB)
+    return mtopt__error(ctx, MTOPT_STATUS_NOT_SUPPORTED,
+                        "%s: LAMB with zero_stage 1 is not supported: its trust ratio needs "
+                        "each tensor's norms, and with ZeRO-1 a tensor's elements are "
+                        "spread over ranks (use zero_stage 0)",
+                        fn);
+#ifdef MTOPT_HAVE_NCCL
+  if (comm->nccl && comm->cfg.zero_stage == 1 && !ctx->ops->finish_stats)
+    return mtopt__error(ctx, MTOPT_STATUS_NOT_SUPPORTED,
+                        "%s: zero_stage 1 needs the %s backend's finish_stats hook, which "
+                        "it does not provide yet",
+                        fn, ctx->ops->name);
+#endif
+
+  mtopt_status_t st = MTOPT_STATUS_SUCCESS;
+  mtopt_dist_optimizer_t *d = calloc(1, sizeof *d);
+  if (!d) return mtopt__error(ctx, MTOPT_STATUS_OUT_OF_MEMORY, "%s: calloc failed", fn);
+  d->comm = comm;
+  d->ctx = ctx;
+  d->list = list;
+  d->zero = comm->cfg.zero_stage;
+  d->world = comm->world;
+  d->rank = comm->rank;
+  d->inv_world = (float)(1.0 / (double)comm->world);
+  d->kind = config->kind;
+  d->nt = list->count;
+  const size_t nt1 = (size_t)(d->nt > 0 ? d->nt : 1);
+  d->goff = calloc(nt1, sizeof *d->goff);
+  d->numel = calloc(nt1, sizeof *d->numel);
+  d->param = calloc(nt1, sizeof *d->param);
+  d->tbucket = calloc(nt1, sizeof *d->tbucket);
+  if (!d->goff || !d->numel || !d->param || !d->tbucket) {
+    st = mtopt__error(ctx, MTOPT_STATUS_OUT_OF_MEMORY, "%s: calloc failed", fn);
+    goto fail;
+  }
+  for (int64_t i = 0; i < d->nt; i++) {
+    d->numel[i] = list->items[i].desc.numel;
+    d->param[i] = list->items[i].desc.param;
+  }
+  d->nb = plan_buckets(d->numel, d->nt, comm->cfg.first_bucket_bytes, comm->cfg.bucket_bytes,
+                       NULL);
+  d->b = calloc((size_t)(d->nb > 0 ? d->nb : 1), sizeof *d->b);
+  d->marked = calloc((size_t)(d->nb > 0 ? d->nb : 1), 1);
+  d->req = malloc((size_t)(d->nb > 0 ? d->nb : 1) * sizeof *d->req);
+  d->ag_req = malloc((size_t)(d->nb > 0 ? d->nb : 1) * sizeof *d->ag_req);
+  if (!d->b || !d->marked || !d->req || !d->ag_req) {
+    st = mtopt__error(ctx, MTOPT_STATUS_OUT_OF_MEMORY, "%s: calloc failed", fn);
+    goto fail;
+  }
+  plan_buckets(d->numel, d->nt, comm->cfg.first_bucket_bytes, comm->cfg.bucket_bytes, d->b);
+  for (int k = 0; k < d->nb; k++) {
+    d->req[k] = d->ag_req[k] = MPI_REQUEST_NULL;
+    for (int64_t i = d->b[k].first_tensor; i < d->b[k].first_tensor + d->b[k].num_tensors; i++)
+      d->tbucket[i] = k;
+  }
+
+  if (d->zero) {
+    CHECK_GOTO(build_zero1(d, config, fn), st, fail);
+  } else {
+    CHECK_GOTO(mtopt_optimizer_create(ctx, list, config, &d->opt), st, fail);
+    build_zero0(d);
+  }
+  d->plan = d->opt->plan;
+  d->use_stats = d->plan.use_stats;
+  if (d->zero && d->use_stats) {
+    CHECK_GOTO(ctx->ops->alloc(ctx, 2 * sizeof(double), (void **)&d->stats_sum), st, fail);
+    d->plan.defer_stats = 1;
+    d->plan.stats_sum = d->stats_sum;
+  }
+  for (int k = 0; k < d->nb; k++) {
+    const int64_t cnt = d->zero ? d->b[k].slice : d->b[k].numel;
+    if (cnt > INT_MAX) {
+      st = mtopt__error(ctx, MTOPT_STATUS_INVALID_ARGUMENT,
+                        "%s: bucket %d needs a collective of %lld elements, over the "
+                        "2^31 - 1 that MPI counts hold (a tensor that large is not "
+                        "supported yet)",
+                        fn, k, (long long)cnt);
+      goto fail;
+    }
+  }
+  /* Every rank reaches this point with the same arguments (or fails above on
+   * every rank alike), so the check's collectives always match. */
+  CHECK_GOTO(check_plan_across_ranks(d, fn), st, fail);
+  if (d->zero) list->users++; /* zero_stage 0: the inner optimizer froze it */
+  comm->users++;
+  *out = d;
+  return MTOPT_STATUS_SUCCESS;
+fail:
+  dist_free(d);
+  return st;
+}
+
+/* Outstanding MPI requests point into our buffers: wait for them (bounded)
+ * before freeing. Ones that never finish leave the memory leaked, not freed
+ * under MPI's feet. */
+mtopt_status_t mtopt_dist_optimizer_destroy(mtopt_dist_optimizer_t *d) {
+  if (!d) return MTOPT_STATUS_SUCCESS;
+  mtopt_status_t st = MTOPT_STATUS_SUCCESS;
+  int pending = 0;
+  if (!d->comm->nccl) {
+    for (int k = 0; k < d->nb; k++) {
+      MPI_Request *rs[2] = {&d->req[k], &d->ag_req[k]};
+      for (int j = 0; j < 2; j++) {
+        if (*rs[j] == MPI_REQUEST_NULL) continue;
+        const int t = d->comm->cfg.timeout_ms;
+        if (mpi_wait(d->ctx, rs[j], t, "mtopt_dist_optimizer_destroy") != MTOPT_STATUS_SUCCESS)
+          pending++;
+      }
+    }
+  }
+#ifdef MTOPT_HAVE_NCCL
+  if (d->comm->nccl) st = mtopt__nccl_synchronize(d->comm->nccl);
+#endif
+  d->comm->users--;
+  if (d->zero) d->list->users--;
+  if (pending) {
+    /* The objects go; the buffers MPI may still write stay allocated. */
+    mtopt_context_t *ctx = d->ctx;
+    if (d->zero)
+      d->gbuf = NULL;
+    else
+      d->opt->dev_grads = NULL;
+    d->shard = NULL;
+    d->stats_sum = NULL;
+    dist_free(d);
+    return mtopt__error(ctx, MTOPT_STATUS_COMM_ERROR,
+                        "mtopt_dist_optimizer_destroy: %d collectives never finished; their "
+                        "buffers are leaked rather than freed",
+                        pending);
+  }
+  dist_free(d);
+  return st;
+}
+
+static mtopt_status_t check_d(const mtopt_dist_optimizer_t *d, const char *fn) {
+  if (!d) return mtopt__error(NULL, MTOPT_STATUS_INVALID_ARGUMENT, "%s: dopt is NULL", fn);
+  return MTOPT_STATUS_SUCCESS;
+}
+
+mtopt_status_t mtopt_dist_optimizer_get_optimizer(mtopt_dist_optimizer_t *d,
+                                                  mtopt_optimizer_t **opt) {
+  static const char fn[] = "mtopt_dist_optimizer_get_optimizer";
+  CHECK(check_d(d, fn));
+  if (!opt) return mtopt__error(d->ctx, MTOPT_STATUS_INVALID_ARGUMENT, "%s: opt is NULL", fn);
+  *opt = d->opt;
+  return MTOPT_STATUS_SUCCESS;
+}
+
+static mtopt_status_t check_tensor(const mtopt_dist_optimizer_t *d, const char *fn, int64_t t) {
+  if (t < 0 || t >= d->nt)
+    return mtopt__error(d->ctx, MTOPT_STATUS_INVALID_ARGUMENT,
+                        "%s: tensor %lld out of range [0, %lld)", fn, (long long)t,
+                        (long long)d->nt);
+  return MTOPT_STATUS_SUCCESS;
+}
+
+mtopt_status_t mtopt_dist_optimizer_get_grad(mtopt_dist_optimizer_t *d, int64_t tensor,
+                                             void **ptr) {
+  static const char fn[] = "mtopt_dist_optimizer_get_grad";
+  CHECK(check_d(d, fn));
+  if (!ptr) return mtopt__error(d->ctx, MTOPT_STATUS_INVALID_ARGUMENT, "%s: ptr is NULL", fn);
+  CHECK(check_tensor(d, fn, tensor));
+  *ptr = d->numel[tensor] ? d->gbuf + d->goff[tensor] : NULL;
+  return MTOPT_STATUS_SUCCESS;
+}
+
+mtopt_status_t mtopt_dist_optimizer_get_grad_buffer(mtopt_dist_optimizer_t *d, void **ptr,
+                                                    int64_t *numel) {
+  static const char fn[] = "mtopt_dist_optimizer_get_grad_buffer";
+  CHECK(check_d(d, fn));
+  if (!ptr || !numel)
+    return mtopt__error(d->ctx, MTOPT_STATUS_INVALID_ARGUMENT, "%s: %s is NULL", fn,
+                        ptr ? "numel" : "ptr");
+  *ptr = d->gbuf;
+  *numel = d->gbuf_numel;
+  return MTOPT_STATUS_SUCCESS;
+}
+
+mtopt_status_t mtopt_dist_optimizer_zero_grad(mtopt_dist_optimizer_t *d) {
+  CHECK(check_d(d, "mtopt_dist_optimizer_zero_grad"));
+  if (!d->gbuf) return MTOPT_STATUS_SUCCESS;
+  return d->ctx->ops->zero_ordered(d->ctx, d->gbuf, (size_t)d->gbuf_numel * sizeof(float));
+}
+
+mtopt_status_t mtopt_dist_get_bucket_count(const mtopt_dist_optimizer_t *d, int *count) {
+  CHECK(check_d(d, "mtopt_dist_get_bucket_count"));
+  if (!count)
+    return mtopt__error(d->ctx, MTOPT_STATUS_INVALID_ARGUMENT,
+                        "mtopt_dist_get_bucket_count: count is NULL");
+  *count = d->nb;
+  return MTOPT_STATUS_SUCCESS;
+}
+
+static mtopt_status_t check_bucket(const mtopt_dist_optimizer_t *d, const char *fn, int b) {
+  if (b < 0 || b >= d->nb)
+    return mtopt__error(d->ctx, MTOPT_STATUS_INVALID_ARGUMENT, "%s: bucket %d out of range [0, %d)",
+                        fn, b, d->nb);
+  return MTOPT_STATUS_SUCCESS;
+}
+
+mtopt_status_t mtopt_dist_get_bucket(const mtopt_dist_optimizer_t *d, int bucket,
+                                     int64_t *first_tensor, int64_t *num_tensors,
+                                     int64_t *offset, int64_t *numel) {
+  static const char fn[] = "mtopt_dist_get_bucket";
+  CHECK(check_d(d, fn));
+  CHECK(check_bucket(d, fn, bucket));
+  const bucket_t *b = &d->b[bucket];
+  if (first_tensor) *first_tensor = b->first_tensor;
+  if (num_tensors) *num_tensors = b->num_tensors;
+  if (offset) *offset = b->offset;
+  if (numel) *numel = b->numel;
+  return MTOPT_STATUS_SUCCESS;
+}
+
+mtopt_status_t mtopt_dist_get_tensor_bucket(const mtopt_dist_optimizer_t *d, int64_t tensor,
+                                            int *bucket) {
+  static const char fn[] = "mtopt_dist_get_tensor_bucket";
+  CHECK(check_d(d, fn));
+  if (!bucket) return mtopt__error(d->ctx, MTOPT_STATUS_INVALID_ARGUMENT, "%s: bucket is NULL", fn);
+  CHECK(check_tensor(d, fn, tensor));
+  *bucket = d->tbucket[tensor];
+  return MTOPT_STATUS_SUCCESS;
+}
+
+/* --------------------------------------------------------- the epilogue -- */
+
+static mtopt_status_t broken_error(mtopt_dist_optimizer_t *d, const char *fn) {
+  return mtopt__error(d->ctx, MTOPT_STATUS_COMM_ERROR,
+                      "%s: an earlier collective failed or timed out; this distributed "
+                      "optimizer is unusable (destroy it)",
+                      fn);
+}
+
+/* A failure mid-step: the optimizer is unusable from now on, and the pass
+ * counter that elects the finaliser is reset, so that the inner optimizer
+ * alone still steps correctly (e.g. to save a checkpoint). */
+static mtopt_status_t fail_step(mtopt_dist_optimizer_t *d, mtopt_status_t st) {
+  d->broken = 1;
+  const uint32_t zero = 0;
+  d->ctx->ops->write_ordered(d->ctx, &d->plan.hyper->blocks_done, &zero, sizeof zero);
+  return st;
+}
+
+static mtopt_status_t run_range(mtopt_dist_optimizer_t *d, mtopt__pass_t pass, int64_t c0,
+                                int64_t c1) {
+  if (c0 >= c1) return MTOPT_STATUS_SUCCESS;
+  return d->ctx->ops->run_pass(d->ctx, &d->plan, pass, c0, c1);
+}
+
+/* A whole pass; on an empty plan still one call, which runs the pass's
+ * finalisation (the backends finalise when the counter reaches num_chunks). */
+static mtopt_status_t run_all(mtopt_dist_optimizer_t *d, mtopt__pass_t pass) {
+  return d->ctx->ops->run_pass(d->ctx, &d->plan, pass, 0, d->plan.num_chunks);
+}
+
+/* CPU: the average is the sum times 1/world, in float, after the reduction. */
+static void scale(float *x, int64_t n, float s) {
+#pragma omp parallel for simd if (n > 65536) schedule(static)
+  for (int64_t i = 0; i < n; i++) x[i] *= s;
+}
+
+/* MPI (without an asynchronous progress thread) advances non-blocking
+ * collectives only inside MPI calls: a test of the first reduction still in
+ * flight after bucket k drives all of them. */
+static mtopt_status_t poke(mtopt_dist_optimizer_t *d, int k) {
+  for (int j = k + 1; j < d->next_start; j++) {
+    if (d->req[j] == MPI_REQUEST_NULL) continue;
+    int done = 0;
+    const int rc = MPI_Test(&d->req[j], &done, MPI_STATUS_IGNORE);
+    if (rc != MPI_SUCCESS) return mpi_fail(d->ctx, rc, "mtopt_dist: bucket reduction");
+    return MTOPT_STATUS_SUCCESS;
+  }
+  return MTOPT_STATUS_SUCCESS;
+}
+
+/* Work after bucket k's reduction has landed: the average (CPU), then the
+ * bucket's statistics or (no statistics) its update. On the CPU the pass runs
+ * in slices of about 2^20 elements with a poke between them, so that the
+ * following buckets' communication moves while this one is stepped (the pass
+ * counter makes the split invisible to the result). */
+static mtopt_status_t after_reduce(mtopt_dist_optimizer_t *d, int k) {
+  const bucket_t *b = &d->b[k];
+  const mtopt__pass_t pass = d->use_stats ? MTOPT__PASS_STATS : MTOPT__PASS_UPDATE;
+  if (d->comm->nccl) return run_range(d, pass, b->c0, b->c1);
+  if (d->world > 1) {
+    if (d->zero)
+      scale(d->shard + b->shard_off, b->slice, d->inv_world);
+    else
+      scale(d->gbuf + b->offset, b->numel, d->inv_world);
+  }
+  int64_t slice = mtopt__dist_slice_elems / d->plan.chunk_size;
+  if (slice < 1) slice = 1;
+  for (int64_t c = b->c0; c < b->c1; c += slice) {
+    CHECK(run_range(d, pass, c, c + slice < b->c1 ? c + slice : b->c1));
+    CHECK(poke(d, k));
+  }
+  return MTOPT_STATUS_SUCCESS;
+}
+
+/* Starts bucket k's reduction. */
+static mtopt_status_t start_reduce(mtopt_dist_optimizer_t *d, int k) {
+  const bucket_t *b = &d->b[k];
+  static const char what[] = "mtopt_dist: bucket reduction";
+#ifdef MTOPT_HAVE_NCCL
+  if (d->comm->nccl) {
+    mtopt__nccl_t *n = d->comm->nccl;
+    CHECK(mtopt__nccl_comm_wait_compute(n));
+    if (d->zero)
+      CHECK(mtopt__nccl_reduce_scatter_avg_f32(n, d->gbuf + b->offset, d->shard + b->shard_off,
+                                                b->slice));
+    else
+      CHECK(mtopt__nccl_allreduce_avg_f32(n, d->gbuf + b->offset, b->numel));
+    CHECK(mtopt__nccl_compute_wait_comm(n));
+    return after_reduce(d, k);
+  }
+#endif
+  int rc;
+  if (d->zero)
+    rc = MPI_Ireduce_scatter_block(d->gbuf + b->offset, d->shard + b->shard_off, (int)b->slice,
+                                   MPI_FLOAT, MPI_SUM, d->comm->mpi, &d->req[k]);
+  else
+    rc = MPI_Iallreduce(MPI_IN_PLACE, d->gbuf + b->offset, (int)b->numel, MPI_FLOAT, MPI_SUM,
+                        d->comm->mpi, &d->req[k]);
+  if (rc != MPI_SUCCESS) return mpi_fail(d->ctx, rc, what);
+  return MTOPT_STATUS_SUCCESS;
+}
+
+/* Issues the reductions of marked buckets in bucket order (every rank must
+ * issue collectives in the same order), then (CPU) steps the ones that have
+ * landed, in order, without blocking. */
+static mtopt_status_t progress(mtopt_dist_optimizer_t *d) {
+  while (d->next_start < d->nb && d->marked[d->next_start]) {
+    CHECK(start_reduce(d, d->next_start));
+    d->next_start++;
+  }
+  if (d->comm->nccl) {
+    d->next_done = d->next_start; /* enqueued with their steps */
+    return MTOPT_STATUS_SUCCESS;
+  }
+  while (d->next_done < d->next_start) {
+    int done = 0;
+    const int rc = MPI_Test(&d->req[d->next_done], &done, MPI_STATUS_IGNORE);
+    if (rc != MPI_SUCCESS) return mpi_fail(d->ctx, rc, "mtopt_dist: bucket reduction");
+    if (!done) break;
+    CHECK(after_reduce(d, d->next_done));
+    d->next_done++;
+  }
+  return MTOPT_STATUS_SUCCESS;
+}
+
+mtopt_status_t mtopt_dist_bucket_ready(mtopt_dist_optimizer_t *d, int bucket) {
+  static const char fn[] = "mtopt_dist_bucket_ready";
+  CHECK(check_d(d, fn));
+  if (d->broken) return broken_error(d, fn);
+  CHECK(check_bucket(d, fn, bucket));
+  if (d->marked[bucket])
+    return mtopt__error(d->ctx, MTOPT_STATUS_INVALID_USAGE,
+                        "%s: bucket %d is already marked in this step", fn, bucket);
+  d->marked[bucket] = 1;
+  mtopt_status_t st = progress(d);
+  return st == MTOPT_STATUS_SUCCESS ? st : fail_step(d, st);
+}
+
+/* ZeRO-1 statistics: every rank's partial (sum of squares, non-finite count)
+ * summed in rank order, so every rank derives the same clip factor to the
+ * bit, then the deferred finalisation. */
+static mtopt_status_t zero1_stats(mtopt_dist_optimizer_t *d) {
+  mtopt_context_t *ctx = d->ctx;
+#ifdef MTOPT_HAVE_NCCL
+  if (d->comm->nccl) {
+    mtopt__nccl_t *n = d->comm->nccl;
+    CHECK(mtopt__nccl_comm_wait_compute(n));
+    CHECK(mtopt__nccl_allreduce_sum_f64(n, d->stats_sum, 2));
+    CHECK(mtopt__nccl_compute_wait_comm(n));
+    return ctx->ops->finish_stats(ctx, &d->plan);
+  }
+#endif
+  double *all = malloc((size_t)d->world * 2 * sizeof *all);
+  if (!all) return mtopt__error(ctx, MTOPT_STATUS_OUT_OF_MEMORY, "mtopt_dist_step: malloc failed");
+  MPI_Request r;
+  int rc = MPI_Iallgather(d->stats_sum, 2, MPI_DOUBLE, all, 2, MPI_DOUBLE, d->comm->mpi, &r);
+  if (rc != MPI_SUCCESS) {
+    free(all);
+    return mpi_fail(ctx, rc, "mtopt_dist_step: gradient norm");
+  }
+  mtopt_status_t st = mpi_wait(ctx, &r, d->comm->cfg.timeout_ms, "mtopt_dist_step: gradient norm");
+  if (st != MTOPT_STATUS_SUCCESS) return st; /* `all` leaks with the pending request */
+  double sum = 0.0, bad = 0.0;
+  for (int q = 0; q < d->world; q++) {
+    sum += all[2 * q];
+    bad += all[2 * q + 1];
+  }
+  free(all);
+  d->stats_sum[0] = sum;
+  d->stats_sum[1] = bad;
+  return ctx->ops->finish_stats(ctx, &d->plan);
+}
+
+/* ZeRO-1: every rank's slice of the new weights to every rank. The gradient
+ * buffer is the staging area: this rank's pieces go into its slice, an
+ * in-place all-gather fills the others, and every tensor is copied back. */
+static mtopt_status_t zero1_gather(mtopt_dist_optimizer_t *d) {
+  mtopt_context_t *ctx = d->ctx;
+  static const char what[] = "mtopt_dist_step: weight all-gather";
+#ifdef MTOPT_HAVE_NCCL
+  if (d->comm->nccl) {
+    mtopt__nccl_t *n = d->comm->nccl;
+    CHECK(mtopt__nccl_comm_wait_compute(n));
+    for (int k = 0; k < d->nb; k++) {
+      const bucket_t *b = &d->b[k];
+      for (int64_t p = b->p0; p < b->p1; p++) {
+        const piece_t *q = &d->pieces[p];
+        CHECK(mtopt__nccl_copy(n, d->gbuf + d->goff[q->tensor] + q->start,
+                               d->param[q->tensor] + q->start, (size_t)q->len * sizeof(float)));
+      }
+      CHECK(mtopt__nccl_allgather_f32(n, d->gbuf + b->offset, b->slice));
+      for (int64_t i = b->first_tensor; i < b->first_tensor + b->num_tensors; i++)
+        if (d->numel[i])
+          CHECK(mtopt__nccl_copy(n, d->param[i], d->gbuf + d->goff[i],
+                                 (size_t)d->numel[i] * sizeof(float)));
+    }
+    return mtopt__nccl_compute_wait_comm(n);
+  }
+#endif
+  for (int k = 0; k < d->nb; k++) {
+    const bucket_t *b = &d->b[k];
+    for (int64_t p = b->p0; p < b->p1; p++) {
+      const piece_t *q = &d->pieces[p];
+      memcpy(d->gbuf + d->goff[q->tensor] + q->start, d->param[q->tensor] + q->start,
+             (size_t)q->len * sizeof(float));
+    }
+    const int rc = MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, d->gbuf + b->offset,
+                                  (int)b->slice, MPI_FLOAT, d->comm->mpi, &d->ag_req[k]);
+    if (rc != MPI_SUCCESS) return mpi_fail(ctx, rc, what);
+  }
+  for (int k = 0; k < d->nb; k++) {
+    const bucket_t *b = &d->b[k];
+    CHECK(mpi_wait(ctx, &d->ag_req[k], d->comm->cfg.timeout_ms, what));
+    for (int64_t i = b->first_tensor; i < b->first_tensor + b->num_tensors; i++)
+      if (d->numel[i])
+        memcpy(d->param[i], d->gbuf + d->goff[i], (size_t)d->numel[i] * sizeof(float));
+  }
+  return MTOPT_STATUS_SUCCESS;
+}
+
+static mtopt_status_t dist_step(mtopt_dist_optimizer_t *d) {
+  mtopt_context_t *ctx = d->ctx;
+  for (int k = 0; k < d->nb; k++) d->marked[k] = 1;
+  CHECK(progress(d));
+  /* CPU: wait for the rest in order, stepping each as it lands. */
+  while (d->next_done < d->nb) {
+    char what[64];
+    snprintf(what, sizeof what, "mtopt_dist_step: bucket %d reduction", d->next_done);
+    CHECK(mpi_wait(ctx, &d->req[d->next_done], d->comm->cfg.timeout_ms, what));
+    CHECK(after_reduce(d, d->next_done));
+    d->next_done++;
+  }
+  if (d->use_stats) {
+    if (d->plan.num_chunks == 0) CHECK(run_all(d, MTOPT__PASS_STATS));
+    if (d->zero) CHECK(zero1_stats(d));
+    CHECK(run_all(d, MTOPT__PASS_UPDATE));
+  } else if (d->plan.num_chunks == 0) {
+    CHECK(run_all(d, MTOPT__PASS_UPDATE));
+  }
+  /* LAMB's second pass after the last bucket: the pass counter that elects
+   * the finaliser counts one pass at a time, so UPDATE and LAMB_APPLY ranges
+   * cannot interleave. */
+  if (d->kind == MTOPT_OPTIMIZER_LAMB) CHECK(run_all(d, MTOPT__PASS_LAMB_APPLY));
+  if (d->zero) CHECK(zero1_gather(d));
+  return MTOPT_STATUS_SUCCESS;
+}
+
+mtopt_status_t mtopt_dist_step(mtopt_dist_optimizer_t *d) {
+  static const char fn[] = "mtopt_dist_step";
+  CHECK(check_d(d, fn));
+  if (d->broken) return broken_error(d, fn);
+  mtopt_status_t st = dist_step(d);
+  if (st != MTOPT_STATUS_SUCCESS) return fail_step(d, st);
+  memset(d->marked, 0, (size_t)d->nb);
+  d->next_start = d->next_done = 0;
+  return MTOPT_STATUS_SUCCESS;
+}
+
+mtopt_status_t mtopt_dist_synchronize(mtopt_dist_optimizer_t *d) {
+  static const char fn[] = "mtopt_dist_synchronize";
+  CHECK(check_d(d, fn));
+  if (d->broken) return broken_error(d, fn);
+#ifdef MTOPT_HAVE_NCCL
+  if (d->comm->nccl) {
+    mtopt_status_t st = mtopt__nccl_synchronize(d->comm->nccl);
+    if (st != MTOPT_STATUS_SUCCESS) d->broken = 1;
+    return st;
+  }
+#endif
+  return MTOPT_STATUS_SUCCESS;
+}
+
+mtopt_status_t mtopt__dist_comm_only(mtopt_dist_optimizer_t *d) {
+  static const char fn[] = "mtopt__dist_comm_only";
+  CHECK(check_d(d, fn));
+  if (d->broken) return broken_error(d, fn);
+#ifdef MTOPT_HAVE_NCCL
+  if (d->comm->nccl) {
+    mtopt__nccl_t *n = d->comm->nccl;
+    CHECK(mtopt__nccl_comm_wait_compute(n));
+    for (int k = 0; k < d->nb; k++) {
+      const bucket_t *b = &d->b[k];
+      if (d->zero) {
+        CHECK(mtopt__nccl_reduce_scatter_avg_f32(n, d->gbuf + b->offset,
+                                                  d->shard + b->shard_off, b->slice));
+        CHECK(mtopt__nccl_allgather_f32(n, d->gbuf + b->offset, b->slice));
+      } else {
+        CHECK(mtopt__nccl_allreduce_avg_f32(n, d->gbuf + b->offset, b->numel));
+      }
+    }
+    return mtopt__nccl_compute_wait_comm(n);
+  }
+#endif
+  for (int k = 0; k < d->nb; k++) {
+    const bucket_t *b = &d->b[k];
+    const int rc = d->zero ? MPI_Ireduce_scatter_block(d->gbuf + b->offset,
+                                                       d->shard + b->shard_off, (int)b->slice,
+                                                       MPI_FLOAT, MPI_SUM, d->comm->mpi,
+                                                       &d->req[k])
+                           : MPI_Iallreduce(MPI_IN_PLACE, d->gbuf + b->offset, (int)b->numel,
+                                            MPI_FLOAT, MPI_SUM, d->comm->mpi, &d->req[k]);
+    if (rc != MPI_SUCCESS) return fail_step(d, mpi_fail(d->ctx, rc, fn));
+  }
+  for (int k = 0; k < d->nb; k++) {
+    const bucket_t *b = &d->b[k];
+    mtopt_status_t st = mpi_wait(d->ctx, &d->req[k], d->comm->cfg.timeout_ms, fn);
+    if (st != MTOPT_STATUS_SUCCESS) return fail_step(d, st);
+    if (d->zero) {
+      const int rc = MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, d->gbuf + b->offset,
+                                    (int)b->slice, MPI_FLOAT, d->comm->mpi, &d->ag_req[k]);
+      if (rc != MPI_SUCCESS) return fail_step(d, mpi_fail(d->ctx, rc, fn));
+    }
+  }
+  for (int k = 0; k < d->nb; k++) {
+    mtopt_status_t st = mpi_wait(d->ctx, &d->ag_req[k], d->comm->cfg.timeout_ms, fn);
+    if (st != MTOPT_STATUS_SUCCESS) return fail_step(d, st);
+  }
+  return MTOPT_STATUS_SUCCESS;
+}

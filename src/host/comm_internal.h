@@ -1,0 +1,69 @@
+/* Internal interface of the distributed layer: what comm.c (MPI, the plan,
+ * the epilogue) needs from comm_nccl.c (the only file besides the CUDA backend
+ * that includes CUDA/NCCL headers), and hooks for the benchmark. Not
+ * installed. */
+#ifndef MTOPT_COMM_INTERNAL_H
+#define MTOPT_COMM_INTERNAL_H
+
+#include "internal.h"
+#include "mtopt/mtopt_dist.h"
+
+/* ncclUniqueId is NCCL_UNIQUE_ID_BYTES (128) bytes. */
+#define MTOPT__NCCL_ID_BYTES 128
+
+typedef struct mtopt__nccl mtopt__nccl_t;
+
+#ifdef MTOPT_HAVE_NCCL
+/* rank 0: a fresh unique id into id[MTOPT__NCCL_ID_BYTES]. */
+MTOPT__HIDDEN mtopt_status_t mtopt__nccl_unique_id(mtopt_context_t *ctx, void *id);
+/* Rank and size of a user's ncclComm_t. */
+MTOPT__HIDDEN mtopt_status_t mtopt__nccl_comm_info(mtopt_context_t *ctx, void *nccl_comm,
+                                                   int *rank, int *size);
+/* Either initialises a communicator from id (existing == NULL; owned, destroyed
+ * with the object) or wraps `existing` (not owned); makes the communication
+ * stream and events on the context's device. */
+MTOPT__HIDDEN mtopt_status_t mtopt__nccl_create(mtopt_context_t *ctx, const void *id,
+                                                int world, int rank, void *existing,
+                                                int timeout_ms, mtopt__nccl_t **out);
+/* Waits for outstanding work (at most timeout_ms, aborting an owned
+ * communicator on expiry), then frees everything. */
+MTOPT__HIDDEN mtopt_status_t mtopt__nccl_destroy(mtopt__nccl_t *n);
+/* Stream ordering: the communication stream waits for the work enqueued on
+ * the context's stream so far, or the other way round. */
+MTOPT__HIDDEN mtopt_status_t mtopt__nccl_comm_wait_compute(mtopt__nccl_t *n);
+MTOPT__HIDDEN mtopt_status_t mtopt__nccl_compute_wait_comm(mtopt__nccl_t *n);
+/* Collectives on the communication stream. */
+MTOPT__HIDDEN mtopt_status_t mtopt__nccl_allreduce_avg_f32(mtopt__nccl_t *n, float *buf,
+                                                           int64_t count);
+MTOPT__HIDDEN mtopt_status_t mtopt__nccl_reduce_scatter_avg_f32(mtopt__nccl_t *n,
+                                                                const float *send,
+                                                                float *recv,
+                                                                int64_t recvcount);
+/* In place: rank r's part is buf[r*count, (r+1)*count). */
+MTOPT__HIDDEN mtopt_status_t mtopt__nccl_allgather_f32(mtopt__nccl_t *n, float *buf,
+                                                       int64_t count);
+MTOPT__HIDDEN mtopt_status_t mtopt__nccl_allreduce_sum_f64(mtopt__nccl_t *n, double *buf,
+                                                           int64_t count);
+/* Device-to-device copy on the communication stream. */
+MTOPT__HIDDEN mtopt_status_t mtopt__nccl_copy(mtopt__nccl_t *n, void *dst, const void *src,
+                                              size_t bytes);
+/* Host int64 values, element-wise maximum over ranks; synchronous, bounded by
+ * the timeout (the set-up plan check of a wrapped communicator). */
+MTOPT__HIDDEN mtopt_status_t mtopt__nccl_allreduce_max_i64(mtopt__nccl_t *n, int64_t *host,
+                                                           int count);
+/* Waits for the communication stream and the context's stream, at most
+ * timeout_ms; reports asynchronous NCCL errors; aborts an owned communicator
+ * on expiry. */
+MTOPT__HIDDEN mtopt_status_t mtopt__nccl_synchronize(mtopt__nccl_t *n);
+#endif
+
+/* CPU: elements stepped between two progress pokes of the collectives in
+ * flight (2^20; tests lower it so that buckets are stepped in slices). */
+MTOPT__HIDDEN extern int64_t mtopt__dist_slice_elems;
+
+/* Benchmark hook: the collectives of one step over every bucket (all-reduce,
+ * or reduce-scatter then all-gather), with no optimizer work, completed
+ * (CPU) or enqueued (CUDA; call mtopt_dist_synchronize). */
+MTOPT__HIDDEN mtopt_status_t mtopt__dist_comm_only(mtopt_dist_optimizer_t *dopt);
+
+#endif /* MTOPT_COMM_INTERNAL_H */

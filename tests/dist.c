@@ -1,0 +1,565 @@
+/* The distributed layer on the CPU backend, under mpirun -np 1, 2 and 3.
+ *
+ * The oracle: one process stepping the plain optimizer on the averaged
+ * gradient. Every rank's gradients are small integers, so their sum is exact
+ * in any reduction order; the library averages as sum * (float)(1/world) and
+ * the reference does the same, so data-parallel and ZeRO-1 results must equal
+ * the reference bit for bit (ZeRO-1 with clipping excepted: its norm is summed
+ * over other chunk boundaries, so it agrees to rounding).
+ *
+ * MPI cannot fork: the suite runs with CK_NOFORK, and a test records failures
+ * and asserts only after its last collective, so that a failing rank does not
+ * leave the others waiting in a collective. The exit code counts failures on
+ * every rank. */
+#include <mpi.h>
+
+#include <check.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "mtopt/mtopt.h"
+#include "mtopt/mtopt_dist.h"
+#include "host/comm_internal.h"
+#include "test_util.h"
+
+static int g_rank, g_world;
+static uint64_t g_seed;
+
+/* ---- failure recording ---- */
+typedef struct {
+  int bad;
+  char msg[2048];
+} rec_t;
+
+#define EXPECT(r, cond, ...)                                                   \
+  do {                                                                         \
+    if (!(cond)) {                                                             \
+      if (!(r)->bad) snprintf((r)->msg, sizeof (r)->msg, __VA_ARGS__);        \
+      (r)->bad++;                                                              \
+    }                                                                          \
+  } while (0)
+#define EXPECT_ST(r, expr, want)                                               \
+  do {                                                                         \
+    mtopt_status_t e_st_ = (expr);                                             \
+    EXPECT(r, e_st_ == (want), "rank %d: %s -> %s, expected %s (%s)", g_rank, #expr, \
+           mtopt_status_name(e_st_), mtopt_status_name(want), mtopt_last_error()); \
+  } while (0)
+#define EXPECT_OK(r, expr) EXPECT_ST(r, expr, MTOPT_STATUS_SUCCESS)
+#define REC_ASSERT(r) ck_assert_msg(!(r).bad, "%d failures; first: %s", (r).bad, (r).msg)
+
+/* ---- the model ---- */
+#define NT 10
+
+typedef struct {
+  int64_t numel[NT];
+  float *param[NT]; /* stepped by the distributed optimizer */
+  float *ref[NT];   /* stepped by the reference */
+} model_t;
+
+static void model_init(model_t *m) {
+  tu_rng_t r;
+  tu_rng_init(&r, g_seed ^ 0x5eed);
+  for (int t = 0; t < NT; t++) {
+    m->numel[t] = t == 4 ? 0 : tu_int(&r, 1, 700); /* one empty tensor */
+    const int64_t n = m->numel[t] > 0 ? m->numel[t] : 1;
+    m->param[t] = malloc((size_t)n * sizeof(float));
+    m->ref[t] = malloc((size_t)n * sizeof(float));
+    tu_fill(&r, m->param[t], m->numel[t], -1.0f, 1.0f);
+    memcpy(m->ref[t], m->param[t], (size_t)n * sizeof(float));
+  }
+}
+
+static void model_free(model_t *m) {
+  for (int t = 0; t < NT; t++) {
+    free(m->param[t]);
+    free(m->ref[t]);
+  }
+}
+
+/* Tensors with grad == NULL; tensor 2 without weight decay, 5 and 6 in group
+ * 1. extra_numel > 0 appends a tensor (a plan that differs). */
+static mtopt_tensor_list_t *make_list(mtopt_context_t *ctx, float **params, const model_t *m,
+                                      int64_t change_numel3, rec_t *rec) {
+  mtopt_tensor_list_t *l = NULL;
+  EXPECT_OK(rec, mtopt_tensor_list_create(ctx, &l));
+  if (!l) return NULL;
+  EXPECT_OK(rec, mtopt_tensor_list_set_group(l, 1, 0.5f, 0.25f));
+  for (int t = 0; t < NT; t++) {
+    mtopt_tensor_desc_t d = MTOPT_TENSOR_DESC_INIT;
+    d.param = m->numel[t] ? params[t] : NULL;
+    d.numel = m->numel[t];
+    if (t == 3 && change_numel3) d.numel = change_numel3;
+    d.flags = t == 2 ? MTOPT_TENSOR_NO_WEIGHT_DECAY : 0u;
+    d.group = (t == 5 || t == 6) ? 1 : 0;
+    char name[16];
+    snprintf(name, sizeof name, "t%d", t);
+    d.name = name;
+    EXPECT_OK(rec, mtopt_tensor_list_add(l, &d, NULL));
+  }
+  return l;
+}
+
+/* Rank q's gradient at step s: non-zero small integers. */
+static float grad_value(tu_rng_t *r) {
+  const float v = (float)tu_int(r, 1, 6);
+  return (tu_next(r) & 1) ? v : -v;
+}
+
+static void rank_grad(int s, int q, int t, int64_t n, float *g) {
+  tu_rng_t r;
+  tu_rng_init(&r, g_seed + 1000003u * (uint64_t)s + 7919u * (uint64_t)q + 31u * (uint64_t)t);
+  for (int64_t i = 0; i < n; i++) g[i] = grad_value(&r);
+}
+
+static mtopt_comm_config_t small_buckets(int zero) {
+  mtopt_comm_config_t c = MTOPT_COMM_CONFIG_INIT;
+  c.first_bucket_bytes = 512;
+  c.bucket_bytes = 2048;
+  c.timeout_ms = 30000;
+  c.zero_stage = zero;
+  return c;
+}
+
+/* ---- equivalence with a single process ---- */
+
+typedef struct {
+  const char *name;
+  mtopt_optimizer_kind_t kind;
+  int zero;
+  float clip;
+  int loss_scale; /* dynamic loss scaling from 1024, an inf at step 1 */
+  int exact;      /* bit-for-bit */
+} eq_case_t;
+
+static const eq_case_t eq_cases[] = {
+    {"adamw", MTOPT_OPTIMIZER_ADAMW, 0, 0.0f, 0, 1},
+    {"adamw zero1", MTOPT_OPTIMIZER_ADAMW, 1, 0.0f, 0, 1},
+    {"adamw clip", MTOPT_OPTIMIZER_ADAMW, 0, 1.0f, 0, 1},
+    {"adamw zero1 clip", MTOPT_OPTIMIZER_ADAMW, 1, 1.0f, 0, 0},
+    {"sgd nesterov", MTOPT_OPTIMIZER_SGD, 0, 0.0f, 0, 1},
+    {"sgd zero1", MTOPT_OPTIMIZER_SGD, 1, 0.0f, 0, 1},
+    {"sgd zero1 clip", MTOPT_OPTIMIZER_SGD, 1, 2.0f, 0, 0},
+    {"lamb", MTOPT_OPTIMIZER_LAMB, 0, 0.0f, 0, 1},
+    {"lamb clip", MTOPT_OPTIMIZER_LAMB, 0, 1.0f, 0, 1},
+    {"adam loss scale skip", MTOPT_OPTIMIZER_ADAM, 0, 0.0f, 1, 1},
+    {"adam zero1 loss scale skip", MTOPT_OPTIMIZER_ADAM, 1, 0.0f, 1, 1},
+};
+#define N_EQ_CASES ((int)(sizeof eq_cases / sizeof eq_cases[0]))
+
+static mtopt_optimizer_config_t case_config(const eq_case_t *c) {
+  mtopt_optimizer_config_t oc = MTOPT_OPTIMIZER_CONFIG_INIT;
+  oc.kind = c->kind;
+  oc.chunk_size = 64;
+  oc.lr = 1e-2f;
+  oc.weight_decay = 0.05f;
+  if (c->kind == MTOPT_OPTIMIZER_SGD) {
+    oc.momentum = 0.9f;
+    oc.nesterov = c->zero == 0;
+    oc.dampening = 0.0f;
+    oc.lr = 1e-3f;
+  }
+  oc.max_grad_norm = c->clip;
+  if (c->loss_scale) {
+    oc.loss_scale = 1024.0f;
+    oc.dynamic_loss_scale = 1;
+    oc.growth_interval = 2;
+  }
+  return oc;
+}
+
+START_TEST(test_equivalence) {
+  const eq_case_t *c = &eq_cases[_i];
+  rec_t rec = {0};
+  mtopt_context_t *ctx = tu_cpu_context();
+  model_t m;
+  model_init(&m);
+  mtopt_comm_config_t cc = small_buckets(c->zero);
+  mtopt_comm_t *comm = NULL;
+  EXPECT_OK(&rec, mtopt_comm_create_mpi(ctx, MPI_COMM_WORLD, &cc, &comm));
+  const mtopt_optimizer_config_t oc = case_config(c);
+  mtopt_tensor_list_t *dl = make_list(ctx, m.param, &m, 0, &rec);
+  mtopt_tensor_list_t *rl = make_list(ctx, m.ref, &m, 0, &rec);
+  mtopt_dist_optimizer_t *dopt = NULL;
+  mtopt_optimizer_t *ref = NULL;
+  EXPECT_OK(&rec, mtopt_dist_optimizer_create(comm, dl, &oc, &dopt));
+  EXPECT_OK(&rec, mtopt_optimizer_create(ctx, rl, &oc, &ref));
+  if (!dopt || !ref) goto done;
+
+  int nb = 0;
+  EXPECT_OK(&rec, mtopt_dist_get_bucket_count(dopt, &nb));
+  EXPECT(&rec, nb >= 3, "only %d buckets: the test wants several", nb);
+  const float inv = (float)(1.0 / (double)g_world);
+  float *tmp = malloc(800 * sizeof(float));
+  for (int s = 0; s < 3; s++) {
+    EXPECT_OK(&rec, mtopt_dist_optimizer_zero_grad(dopt));
+    for (int t = 0; t < NT; t++) {
+      const int64_t n = m.numel[t];
+      if (!n) continue;
+      float *dg = NULL, *rg = NULL;
+      EXPECT_OK(&rec, mtopt_dist_optimizer_get_grad(dopt, t, (void **)&dg));
+      EXPECT_OK(&rec, mtopt_optimizer_get_grad(ref, t, (void **)&rg));
+      rank_grad(s, g_rank, t, n, dg);
+      for (int64_t i = 0; i < n; i++) rg[i] = 0.0f;
+      for (int q = 0; q < g_world; q++) {
+        rank_grad(s, q, t, n, tmp);
+        for (int64_t i = 0; i < n; i++) rg[i] += tmp[i];
+      }
+      for (int64_t i = 0; i < n; i++) rg[i] *= inv;
+      if (c->loss_scale && s == 1 && t == 0) { /* one rank overflows */
+        if (g_rank == g_world - 1) dg[0] = INFINITY;
+        rg[0] = INFINITY;
+      }
+    }
+    /* Mark a random subset of buckets in a random order (different on every
+     * rank); the step marks the rest. */
+    tu_rng_t r;
+    tu_rng_init(&r, g_seed * 3 + (uint64_t)(g_rank * 17 + s));
+    int perm[64];
+    for (int k = 0; k < nb && k < 64; k++) perm[k] = k;
+    for (int k = nb - 1; k > 0; k--) {
+      const int j = (int)tu_int(&r, 0, k), x = perm[k];
+      perm[k] = perm[j];
+      perm[j] = x;
+    }
+    const int nmark = (int)tu_int(&r, 0, nb);
+    for (int k = 0; k < nmark; k++) EXPECT_OK(&rec, mtopt_dist_bucket_ready(dopt, perm[k]));
+    EXPECT_OK(&rec, mtopt_dist_step(dopt));
+    EXPECT_OK(&rec, mtopt_optimizer_step(ref));
+  }
+  free(tmp);
+
+  for (int t = 0; t < NT; t++) {
+    const int64_t n = m.numel[t];
+    if (c->exact) {
+      const int64_t k = tu_first_bit_diff(m.param[t], m.ref[t], n);
+      EXPECT(&rec, k < 0, "%s, rank %d/%d: tensor %d differs from the reference at %lld: %.9g vs %.9g",
+             c->name, g_rank, g_world, t, (long long)k, k < 0 ? 0.0 : m.param[t][k],
+             k < 0 ? 0.0 : m.ref[t][k]);
+    } else {
+      const tu_err_t e = tu_compare_f(m.param[t], m.ref[t], n, 1e-6, 1e-5);
+      EXPECT(&rec, e.n_bad == 0, "%s, rank %d/%d: tensor %d: %lld bad, worst rel %.3g",
+             c->name, g_rank, g_world, t, (long long)e.n_bad, e.max_rel);
+    }
+  }
+  /* zero_stage 0 keeps the whole state: it must match too. */
+  if (!c->zero && c->exact) {
+    mtopt_optimizer_t *inner = NULL;
+    EXPECT_OK(&rec, mtopt_dist_optimizer_get_optimizer(dopt, &inner));
+    const mtopt_state_t which =
+        c->kind == MTOPT_OPTIMIZER_SGD ? MTOPT_STATE_MOMENTUM : MTOPT_STATE_EXP_AVG_SQ;
+    float a[800], b[800];
+    for (int t = 0; t < NT && inner; t++) {
+      if (!m.numel[t]) continue;
+      tu_poison(a, m.numel[t]);
+      EXPECT_OK(&rec, mtopt_optimizer_read_state(inner, t, which, a));
+      EXPECT_OK(&rec, mtopt_optimizer_read_state(ref, t, which, b));
+      EXPECT(&rec, tu_first_bit_diff(a, b, m.numel[t]) < 0, "%s: state of tensor %d differs",
+             c->name, t);
+    }
+  }
+  /* Step bookkeeping: the same on every rank and as the reference. */
+  {
+    mtopt_optimizer_t *inner = NULL;
+    EXPECT_OK(&rec, mtopt_dist_optimizer_get_optimizer(dopt, &inner));
+    mtopt_step_info_t di = MTOPT_STEP_INFO_INIT, ri = MTOPT_STEP_INFO_INIT;
+    EXPECT_OK(&rec, mtopt_optimizer_get_step_info(inner, &di));
+    EXPECT_OK(&rec, mtopt_optimizer_get_step_info(ref, &ri));
+    EXPECT(&rec, di.step == ri.step && di.skipped_steps == ri.skipped_steps &&
+                     di.loss_scale == ri.loss_scale,
+           "%s: step %lld/%lld skipped %lld/%lld scale %g/%g", c->name, (long long)di.step,
+           (long long)ri.step, (long long)di.skipped_steps, (long long)ri.skipped_steps,
+           (double)di.loss_scale, (double)ri.loss_scale);
+    EXPECT(&rec, di.step == (c->loss_scale ? 2 : 3), "%s: %lld steps applied", c->name,
+           (long long)di.step);
+    if (c->clip > 0.0f)
+      EXPECT(&rec, fabsf(di.last_grad_norm - ri.last_grad_norm) <= 1e-5f * ri.last_grad_norm,
+             "%s: grad norm %.9g vs %.9g", c->name, (double)di.last_grad_norm,
+             (double)ri.last_grad_norm);
+  }
+done:
+  EXPECT_OK(&rec, mtopt_dist_optimizer_destroy(dopt));
+  EXPECT_OK(&rec, mtopt_optimizer_destroy(ref));
+  EXPECT_OK(&rec, mtopt_comm_destroy(comm));
+  EXPECT_OK(&rec, mtopt_tensor_list_destroy(dl));
+  EXPECT_OK(&rec, mtopt_tensor_list_destroy(rl));
+  EXPECT_OK(&rec, mtopt_context_destroy(ctx));
+  model_free(&m);
+  REC_ASSERT(rec);
+}
+END_TEST
+
+/* ---- the bucket plan ---- */
+
+START_TEST(test_bucket_plan) {
+  rec_t rec = {0};
+  const int zero = _i;
+  mtopt_context_t *ctx = tu_cpu_context();
+  model_t m;
+  model_init(&m);
+  mtopt_comm_config_t cc = small_buckets(zero);
+  mtopt_comm_t *comm = NULL;
+  EXPECT_OK(&rec, mtopt_comm_create_mpi(ctx, MPI_COMM_WORLD, &cc, &comm));
+  int r = -1, w = -1, local = -1;
+  EXPECT_OK(&rec, mtopt_comm_get_rank(comm, &r));
+  EXPECT_OK(&rec, mtopt_comm_get_size(comm, &w));
+  EXPECT(&rec, r == g_rank && w == g_world, "rank/size %d/%d", r, w);
+  EXPECT_OK(&rec, mtopt_comm_local_rank(MPI_COMM_WORLD, &local));
+  EXPECT(&rec, local >= 0 && local < g_world, "local rank %d", local);
+  mtopt_tensor_list_t *l = make_list(ctx, m.param, &m, 0, &rec);
+  mtopt_optimizer_config_t oc = MTOPT_OPTIMIZER_CONFIG_INIT;
+  oc.chunk_size = 64;
+  mtopt_dist_optimizer_t *d = NULL;
+  EXPECT_OK(&rec, mtopt_dist_optimizer_create(comm, l, &oc, &d));
+  EXPECT_ST(&rec, mtopt_comm_destroy(comm), MTOPT_STATUS_INVALID_USAGE);
+  /* The list is frozen. */
+  EXPECT_ST(&rec, mtopt_tensor_list_add_f32(l, m.param[0], NULL, 1, 0, NULL),
+            MTOPT_STATUS_INVALID_USAGE);
+  int nb = 0;
+  EXPECT_OK(&rec, mtopt_dist_get_bucket_count(d, &nb));
+  void *gb = NULL;
+  int64_t gn = 0;
+  EXPECT_OK(&rec, mtopt_dist_optimizer_get_grad_buffer(d, &gb, &gn));
+  int64_t expect_end = NT, prev_off = -1, prev_len = 0;
+  for (int b = 0; b < nb; b++) {
+    int64_t ft, ntn, off, len;
+    EXPECT_OK(&rec, mtopt_dist_get_bucket(d, b, &ft, &ntn, &off, &len));
+    EXPECT(&rec, ntn > 0 && ft + ntn == expect_end,
+           "bucket %d covers [%lld, %lld), expected to end at %lld", b, (long long)ft,
+           (long long)(ft + ntn), (long long)expect_end);
+    expect_end = ft;
+    int64_t bytes = 0;
+    for (int64_t t = ft; t < ft + ntn; t++) {
+      int tb = -1;
+      EXPECT_OK(&rec, mtopt_dist_get_tensor_bucket(d, t, &tb));
+      EXPECT(&rec, tb == b, "tensor %lld in bucket %d, reported %d", (long long)t, b, tb);
+      bytes += 4 * m.numel[t];
+      float *g = NULL;
+      EXPECT_OK(&rec, mtopt_dist_optimizer_get_grad(d, t, (void **)&g));
+      if (m.numel[t])
+        EXPECT(&rec, g >= (float *)gb + off && g + m.numel[t] <= (float *)gb + off + len,
+               "tensor %lld's gradient lies outside bucket %d", (long long)t, b);
+    }
+    /* A bucket closes once it reaches its size: without its first tensor
+     * (the last one added) it was below it. */
+    const int64_t cap = b == 0 ? (int64_t)cc.first_bucket_bytes : (int64_t)cc.bucket_bytes;
+    EXPECT(&rec, bytes >= cap || ft == 0, "bucket %d holds %lld bytes < %lld", b,
+           (long long)bytes, (long long)cap);
+    EXPECT(&rec, bytes - 4 * m.numel[ft] < cap, "bucket %d is too full (%lld bytes)", b,
+           (long long)bytes);
+    if (zero) EXPECT(&rec, len % (4 * g_world) == 0, "bucket %d: %lld elements", b, (long long)len);
+    EXPECT(&rec, off >= 0 && off + len <= gn, "bucket %d outside the buffer", b);
+    if (prev_off >= 0)
+      EXPECT(&rec, off + len <= prev_off || off >= prev_off + prev_len, "buckets overlap");
+    prev_off = off;
+    prev_len = len;
+  }
+  EXPECT(&rec, expect_end == 0, "the buckets do not cover tensor 0");
+  int64_t ft;
+  EXPECT_ST(&rec, mtopt_dist_get_bucket(d, nb, &ft, NULL, NULL, NULL), MTOPT_STATUS_INVALID_ARGUMENT);
+  EXPECT_ST(&rec, mtopt_dist_bucket_ready(d, -1), MTOPT_STATUS_INVALID_ARGUMENT);
+  EXPECT_ST(&rec, mtopt_dist_bucket_ready(d, nb), MTOPT_STATUS_INVALID_ARGUMENT);
+  /* A double mark is refused and harms nothing: the step still completes. */
+  EXPECT_OK(&rec, mtopt_dist_bucket_ready(d, 0));
+  EXPECT_ST(&rec, mtopt_dist_bucket_ready(d, 0), MTOPT_STATUS_INVALID_USAGE);
+  EXPECT_OK(&rec, mtopt_dist_step(d));
+  EXPECT_OK(&rec, mtopt_dist_synchronize(d));
+  EXPECT_OK(&rec, mtopt_dist_optimizer_destroy(d));
+  EXPECT_OK(&rec, mtopt_comm_destroy(comm));
+  EXPECT_OK(&rec, mtopt_tensor_list_destroy(l));
+  EXPECT_OK(&rec, mtopt_context_destroy(ctx));
+  model_free(&m);
+  REC_ASSERT(rec);
+}
+END_TEST
+
+/* ---- argument checks (identical on every rank, before any collective) ---- */
+
+START_TEST(test_arguments) {
+  rec_t rec = {0};
+  mtopt_context_t *ctx = tu_cpu_context();
+  mtopt_comm_t *comm = NULL;
+  mtopt_comm_config_t bad = MTOPT_COMM_CONFIG_INIT;
+  bad.struct_size = 3;
+  EXPECT_ST(&rec, mtopt_comm_create_mpi(ctx, MPI_COMM_WORLD, &bad, &comm),
+            MTOPT_STATUS_INVALID_ARGUMENT);
+  bad = (mtopt_comm_config_t)MTOPT_COMM_CONFIG_INIT;
+  bad.zero_stage = 2;
+  EXPECT_ST(&rec, mtopt_comm_create_mpi(ctx, MPI_COMM_WORLD, &bad, &comm),
+            MTOPT_STATUS_INVALID_ARGUMENT);
+  EXPECT_ST(&rec, mtopt_comm_create_mpi(NULL, MPI_COMM_WORLD, NULL, &comm),
+            MTOPT_STATUS_INVALID_ARGUMENT);
+  int dummy = 0;
+  EXPECT_ST(&rec, mtopt_comm_create_nccl(ctx, &dummy, NULL, &comm), MTOPT_STATUS_NOT_SUPPORTED);
+  EXPECT_ST(&rec, mtopt_comm_local_rank(MPI_COMM_WORLD, NULL), MTOPT_STATUS_INVALID_ARGUMENT);
+  EXPECT(&rec, comm == NULL, "a failed create wrote *out");
+
+  mtopt_comm_config_t cc = small_buckets(1);
+  EXPECT_OK(&rec, mtopt_comm_create_mpi(ctx, MPI_COMM_WORLD, &cc, &comm));
+  float w[8], g[8];
+  tu_rng_t r;
+  tu_rng_init(&r, g_seed);
+  tu_fill(&r, w, 8, -1, 1);
+  mtopt_tensor_list_t *l = NULL;
+  EXPECT_OK(&rec, mtopt_tensor_list_create(ctx, &l));
+  EXPECT_OK(&rec, mtopt_tensor_list_add_f32(l, w, NULL, 4, 0, NULL));
+  EXPECT_OK(&rec, mtopt_tensor_list_add_f32(l, w + 4, g, 4, 0, NULL));
+  mtopt_optimizer_config_t oc = MTOPT_OPTIMIZER_CONFIG_INIT;
+  mtopt_dist_optimizer_t *d = NULL;
+  EXPECT_ST(&rec, mtopt_dist_optimizer_create(comm, l, &oc, &d), MTOPT_STATUS_INVALID_ARGUMENT);
+  EXPECT(&rec, strstr(mtopt_last_error(), "grad == NULL") != NULL, "message: %s",
+         mtopt_last_error());
+  mtopt_tensor_list_t *l2 = NULL;
+  EXPECT_OK(&rec, mtopt_tensor_list_create(ctx, &l2));
+  EXPECT_OK(&rec, mtopt_tensor_list_add_f32(l2, w, NULL, 8, 0, NULL));
+  oc.kind = MTOPT_OPTIMIZER_LAMB;
+  EXPECT_ST(&rec, mtopt_dist_optimizer_create(comm, l2, &oc, &d), MTOPT_STATUS_NOT_SUPPORTED);
+  EXPECT(&rec, d == NULL, "a failed create wrote *out");
+  EXPECT_ST(&rec, mtopt_dist_step(NULL), MTOPT_STATUS_INVALID_ARGUMENT);
+  EXPECT_OK(&rec, mtopt_comm_destroy(comm));
+  EXPECT_OK(&rec, mtopt_tensor_list_destroy(l));
+  EXPECT_OK(&rec, mtopt_tensor_list_destroy(l2));
+  EXPECT_OK(&rec, mtopt_context_destroy(ctx));
+  REC_ASSERT(rec);
+}
+END_TEST
+
+/* ---- a rank with a different plan: reported on every rank, no hang ---- */
+
+START_TEST(test_plan_mismatch) {
+  rec_t rec = {0};
+  const int odd = g_world > 1 && g_rank == g_world - 1;
+  mtopt_context_t *ctx = tu_cpu_context();
+  model_t m;
+  model_init(&m);
+  mtopt_comm_config_t cc = small_buckets(_i == 2);
+  if (_i == 1 && odd) cc.bucket_bytes = 4096;
+  mtopt_comm_t *comm = NULL;
+  EXPECT_OK(&rec, mtopt_comm_create_mpi(ctx, MPI_COMM_WORLD, &cc, &comm));
+  /* Variant 0 and 2: the last rank's tensor 3 is one element longer (its
+   * buffer has room: model tensors are at least 1 long, allocated n). */
+  float *params[NT];
+  for (int t = 0; t < NT; t++) params[t] = m.param[t];
+  float *big = malloc((size_t)(m.numel[3] + 1) * sizeof(float));
+  memcpy(big, m.param[3], (size_t)m.numel[3] * sizeof(float));
+  big[m.numel[3]] = 0.5f;
+  params[3] = big;
+  mtopt_tensor_list_t *l =
+      make_list(ctx, params, &m, (_i != 1 && odd) ? m.numel[3] + 1 : 0, &rec);
+  mtopt_optimizer_config_t oc = MTOPT_OPTIMIZER_CONFIG_INIT;
+  oc.chunk_size = 64;
+  mtopt_dist_optimizer_t *d = NULL;
+  const mtopt_status_t st = mtopt_dist_optimizer_create(comm, l, &oc, &d);
+  if (g_world == 1) {
+    EXPECT(&rec, st == MTOPT_STATUS_SUCCESS, "one rank cannot disagree with itself: %s",
+           mtopt_last_error());
+  } else {
+    EXPECT(&rec, st == MTOPT_STATUS_INVALID_ARGUMENT && d == NULL,
+           "rank %d: a mismatched plan gave %s", g_rank, mtopt_status_name(st));
+    const char *want = _i == 1 ? "bucket_bytes" : "tensor 3 't3' has numel";
+    EXPECT(&rec, strstr(mtopt_last_error(), want) != NULL, "rank %d: message '%s' lacks '%s'",
+           g_rank, mtopt_last_error(), want);
+  }
+  EXPECT_OK(&rec, mtopt_dist_optimizer_destroy(d));
+  EXPECT_OK(&rec, mtopt_comm_destroy(comm));
+  EXPECT_OK(&rec, mtopt_tensor_list_destroy(l));
+  EXPECT_OK(&rec, mtopt_context_destroy(ctx));
+  free(big);
+  model_free(&m);
+  REC_ASSERT(rec);
+}
+END_TEST
+
+/* ---- a rank that does not join: COMM_ERROR after timeout_ms, no hang ----
+ * Rank 0 steps with a 300 ms timeout while the others wait at a barrier that
+ * rank 0 reaches only after its step returned, so the timeout is certain.
+ * Then the others step (their reductions match rank 0's abandoned ones, which
+ * complete in the background) so that the world ends clean. */
+START_TEST(test_timeout) {
+  if (g_world == 1) return; /* one rank never waits for another */
+  rec_t rec = {0};
+  mtopt_context_t *ctx = tu_cpu_context();
+  model_t m;
+  model_init(&m);
+  mtopt_comm_config_t cc = small_buckets(0);
+  cc.timeout_ms = g_rank == 0 ? 300 : 30000;
+  mtopt_comm_t *comm = NULL;
+  EXPECT_OK(&rec, mtopt_comm_create_mpi(ctx, MPI_COMM_WORLD, &cc, &comm));
+  mtopt_tensor_list_t *l = make_list(ctx, m.param, &m, 0, &rec);
+  mtopt_optimizer_config_t oc = MTOPT_OPTIMIZER_CONFIG_INIT;
+  oc.chunk_size = 64;
+  mtopt_dist_optimizer_t *d = NULL;
+  EXPECT_OK(&rec, mtopt_dist_optimizer_create(comm, l, &oc, &d));
+  for (int t = 0; t < NT && d; t++) {
+    float *g = NULL;
+    EXPECT_OK(&rec, mtopt_dist_optimizer_get_grad(d, t, (void **)&g));
+    if (g) rank_grad(0, g_rank, t, m.numel[t], g);
+  }
+  if (g_rank == 0) {
+    EXPECT_ST(&rec, mtopt_dist_step(d), MTOPT_STATUS_COMM_ERROR);
+    EXPECT(&rec, strstr(mtopt_last_error(), "timeout_ms") != NULL, "message: %s",
+           mtopt_last_error());
+    for (int t = 0; t < NT; t++)
+      EXPECT(&rec, tu_first_bit_diff(m.param[t], m.ref[t], m.numel[t]) < 0,
+             "tensor %d changed by a step that failed", t);
+    EXPECT_ST(&rec, mtopt_dist_step(d), MTOPT_STATUS_COMM_ERROR);
+    EXPECT_ST(&rec, mtopt_dist_bucket_ready(d, 0), MTOPT_STATUS_COMM_ERROR);
+    MPI_Barrier(MPI_COMM_WORLD);
+    MPI_Barrier(MPI_COMM_WORLD);
+  } else {
+    MPI_Barrier(MPI_COMM_WORLD);
+    EXPECT_OK(&rec, mtopt_dist_step(d));
+    MPI_Barrier(MPI_COMM_WORLD);
+  }
+  EXPECT_OK(&rec, mtopt_dist_optimizer_destroy(d));
+  EXPECT_OK(&rec, mtopt_comm_destroy(comm));
+  EXPECT_OK(&rec, mtopt_tensor_list_destroy(l));
+  EXPECT_OK(&rec, mtopt_context_destroy(ctx));
+  model_free(&m);
+  REC_ASSERT(rec);
+}
+END_TEST
+
+Suite *dist_suite(void) {
+  Suite *s = suite_create("dist");
+  TCase *tc = tcase_create("dist");
+  tcase_set_timeout(tc, 120);
+  tcase_add_test(tc, test_arguments);
+  tcase_add_loop_test(tc, test_bucket_plan, 0, 2);
+  tcase_add_loop_test(tc, test_equivalence, 0, N_EQ_CASES);
+  tcase_add_loop_test(tc, test_plan_mismatch, 0, 3);
+  tcase_add_test(tc, test_timeout);
+  suite_add_tcase(s, tc);
+  return s;
+}
+
+int main(int argc, char **argv) {
+  MPI_Init(&argc, &argv);
+  MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &g_world);
+  unsigned long long seed = 0;
+  if (g_rank == 0) seed = tu_seed(); /* printed once, by rank 0 */
+  MPI_Bcast(&seed, 1, MPI_UNSIGNED_LONG_LONG, 0, MPI_COMM_WORLD);
+  g_seed = seed;
+  mtopt__dist_slice_elems = 128; /* step buckets in slices of 2 chunks */
+
+  SRunner *sr = srunner_create(dist_suite());
+  srunner_set_fork_status(sr, CK_NOFORK); /* MPI processes cannot fork */
+  srunner_run_all(sr, g_rank == 0 ? CK_NORMAL : CK_SILENT);
+  int failed = srunner_ntests_failed(sr);
+  if (failed && g_rank != 0) {
+    /* Other ranks speak only when they fail. */
+    TestResult **tr = srunner_failures(sr);
+    for (int i = 0; i < failed; i++)
+      fprintf(stderr, "rank %d: %s:%d: %s\n", g_rank, tr_tcname(tr[i]), tr_lno(tr[i]),
+              tr_msg(tr[i]));
+    free(tr);
+  }
+  int total = 0;
+  MPI_Allreduce(&failed, &total, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+  if (g_rank == 0) printf("dist: %d ranks, %d failed checks over all ranks\n", g_world, total);
+  srunner_free(sr);
+  MPI_Finalize();
+  return total ? 1 : 0;
+}

@@ -1,0 +1,222 @@
+/* The chunk planner (mtopt__plan_chunks) and the state alignment helper
+ * (mtopt__aligned_offset), on random tensor lists and on tensors of 2^31+
+ * elements that are planned without being allocated. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "host/internal.h"
+#include "test_util.h"
+
+/* Checks a full plan: every element of every tensor covered exactly once, in
+ * order, by chunks that never span tensors, of length in [1, chunk_size];
+ * first_chunk/num_chunks consistent with the chunk records. */
+static void check_plan(const int64_t *numel, int64_t n, int64_t cs) {
+  const int64_t total = mtopt__plan_chunks(numel, n, cs, NULL, NULL, NULL);
+  ck_assert_int_ge(total, 0);
+  int64_t *first = malloc((size_t)(n + 1) * sizeof *first);
+  int64_t *nch = malloc((size_t)(n + 1) * sizeof *nch);
+  mtopt__chunk_rec_t *ch = malloc((size_t)(total + 1) * sizeof *ch);
+  for (int64_t i = 0; i < n; i++) first[i] = nch[i] = -7;
+  memset(ch, 0xA5, (size_t)(total + 1) * sizeof *ch); /* poison */
+  ck_assert_int_eq(mtopt__plan_chunks(numel, n, cs, first, nch, ch), total);
+  int64_t expect_first = 0;
+  for (int64_t i = 0; i < n; i++) {
+    ck_assert_int_eq(first[i], expect_first);
+    ck_assert_int_eq(nch[i], (numel[i] + cs - 1) / cs);
+    int64_t covered = 0;
+    for (int64_t c = first[i]; c < first[i] + nch[i]; c++) {
+      ck_assert_int_eq(ch[c].tensor, i);
+      ck_assert_int_eq(ch[c].start, covered); /* contiguous: no gap, no overlap */
+      ck_assert_int_ge(ch[c].len, 1);
+      ck_assert_int_le(ch[c].len, cs);
+      /* Only the last chunk of a tensor may be short. */
+      if (c + 1 < first[i] + nch[i]) ck_assert_int_eq(ch[c].len, cs);
+      covered += ch[c].len;
+    }
+    ck_assert_int_eq(covered, numel[i]);
+    expect_first += nch[i];
+  }
+  ck_assert_int_eq(expect_first, total);
+  free(first);
+  free(nch);
+  free(ch);
+}
+
+START_TEST(test_edges) {
+  /* Sizes at the chunk edges, empty tensors first, last and in between. */
+  const int64_t cs_list[] = {4, 8, 12, 64, 1024, 65536};
+  for (size_t k = 0; k < sizeof cs_list / sizeof *cs_list; k++) {
+    const int64_t cs = cs_list[k];
+    const int64_t numel[] = {0, 1, cs - 1, cs, cs + 1, 0, 2 * cs, 2 * cs + 1, 3, 0};
+    check_plan(numel, 10, cs);
+    /* Counts by hand. */
+    int64_t nch[10];
+    ck_assert_int_eq(mtopt__plan_chunks(numel, 10, cs, NULL, nch, NULL),
+                     0 + 1 + 1 + 1 + 2 + 0 + 2 + 3 + 1 + 0);
+    ck_assert_int_eq(nch[0], 0);
+    ck_assert_int_eq(nch[4], 2);
+    ck_assert_int_eq(nch[7], 3);
+  }
+  /* No tensors at all. */
+  ck_assert_int_eq(mtopt__plan_chunks(NULL, 0, 64, NULL, NULL, NULL), 0);
+}
+END_TEST
+
+START_TEST(test_random_lists) {
+  tu_rng_t rng;
+  tu_rng_init(&rng, tu_seed() + 17u * (uint64_t)_i);
+  const int64_t n = _i < 5 ? tu_int(&rng, 1, 50) : tu_int(&rng, 2000, 5000);
+  const int64_t cs = 4 * tu_int(&rng, 1, _i % 2 ? 16 : 4096);
+  int64_t *numel = malloc((size_t)n * sizeof *numel);
+  for (int64_t i = 0; i < n; i++) {
+    switch (tu_int(&rng, 0, 5)) {
+    case 0: numel[i] = 0; break;
+    case 1: numel[i] = 1; break;
+    case 2: numel[i] = cs + tu_int(&rng, -1, 1); break;
+    default: numel[i] = tu_int(&rng, 1, 3 * cs + 7); break;
+    }
+  }
+  check_plan(numel, n, cs);
+  free(numel);
+}
+END_TEST
+
+/* Tensors of 2^31 elements and more: chunk counts and the last chunk's start
+ * and length are exact in int64; nothing is allocated. */
+START_TEST(test_huge_tensors) {
+  const int64_t numel[] = {INT64_C(3000000000), INT64_C(1) << 31, (INT64_C(1) << 31) - 1,
+                           (INT64_C(1) << 33) + 5, 7};
+  const int64_t n = 5;
+  const int64_t sizes[] = {65536, 4, 1 << 20, INT64_C(1) << 30};
+  for (size_t k = 0; k < sizeof sizes / sizeof *sizes; k++) {
+    const int64_t cs = sizes[k];
+    int64_t first[5], nch[5];
+    const int64_t total = mtopt__plan_chunks(numel, n, cs, first, nch, NULL);
+    int64_t expect = 0;
+    for (int64_t i = 0; i < n; i++) {
+      const int64_t want = numel[i] / cs + (numel[i] % cs != 0);
+      ck_assert_int_eq(nch[i], want);
+      ck_assert_int_eq(first[i], expect);
+      expect += want;
+    }
+    ck_assert_int_eq(total, expect);
+    if (total > 50000000) continue; /* chunk records for cs = 4: too many to build */
+    mtopt__chunk_rec_t *ch = malloc((size_t)total * sizeof *ch);
+    ck_assert_int_eq(mtopt__plan_chunks(numel, n, cs, first, nch, ch), total);
+    for (int64_t i = 0; i < n; i++) {
+      const mtopt__chunk_rec_t *last = &ch[first[i] + nch[i] - 1];
+      const int64_t rem = numel[i] % cs;
+      ck_assert_int_eq(last->tensor, i);
+      ck_assert_int_eq(last->start, numel[i] - (rem ? rem : cs));
+      ck_assert_int_eq(last->len, rem ? rem : cs);
+      ck_assert_int_eq(last->start + last->len, numel[i]);
+      /* A chunk past 2^31 elements keeps its int64 start. */
+      if (numel[i] > (INT64_C(1) << 31)) ck_assert_int_gt(last->start, INT32_MAX);
+      const mtopt__chunk_rec_t *f = &ch[first[i]];
+      ck_assert_int_eq(f->start, 0);
+    }
+    free(ch);
+  }
+  /* By hand: 3e9 in chunks of 65536 is 45777 chunks, the last (45776) of 24064 at
+   * element 2999975936. */
+  int64_t nch[1];
+  const int64_t three_g[1] = {INT64_C(3000000000)};
+  ck_assert_int_eq(mtopt__plan_chunks(three_g, 1, 65536, NULL, nch, NULL), 45777);
+  mtopt__chunk_rec_t *ch = malloc(45777 * sizeof *ch);
+  mtopt__plan_chunks(three_g, 1, 65536, NULL, NULL, ch);
+  ck_assert_int_eq(ch[45776].start, INT64_C(2999975936));
+  ck_assert_int_eq(ch[45776].len, 3000000000 - 2999975936);
+  free(ch);
+}
+END_TEST
+
+START_TEST(test_overflow_and_bad_args) {
+  const int64_t big[] = {INT64_MAX, INT64_MAX, INT64_MAX, INT64_MAX, INT64_MAX};
+  ck_assert_int_eq(mtopt__plan_chunks(big, 5, 4, NULL, NULL, NULL), -1);
+  const int64_t neg[] = {5, -1};
+  ck_assert_int_eq(mtopt__plan_chunks(neg, 2, 4, NULL, NULL, NULL), -1);
+  const int64_t ok[] = {5};
+  ck_assert_int_eq(mtopt__plan_chunks(ok, 1, 0, NULL, NULL, NULL), -1);
+  ck_assert_int_eq(mtopt__plan_chunks(ok, 1, -4, NULL, NULL, NULL), -1);
+  ck_assert_int_eq(mtopt__plan_chunks(ok, 1, (INT64_C(1) << 31), NULL, NULL, NULL), -1);
+  ck_assert_int_eq(mtopt__plan_chunks(ok, -1, 4, NULL, NULL, NULL), -1);
+  /* One INT64_MAX alone fits. */
+  ck_assert_int_eq(mtopt__plan_chunks(big, 1, 4, NULL, NULL, NULL), INT64_MAX / 4 + 1);
+}
+END_TEST
+
+START_TEST(test_aligned_offset) {
+  tu_rng_t rng;
+  tu_rng_init(&rng, tu_seed() + 3);
+  static float arena[64];
+  for (int k = 0; k < 2000; k++) {
+    const int64_t off = tu_int(&rng, 0, INT64_C(1) << 40);
+    const float *w = arena + tu_int(&rng, 0, 31);
+    const int64_t r = mtopt__aligned_offset(off, w);
+    ck_assert_int_ge(r, off);
+    ck_assert_int_le(r, off + 3);
+    ck_assert_int_eq((r & 3), (int64_t)(((uintptr_t)w / 4) & 3));
+    /* Idempotent. */
+    ck_assert_int_eq(mtopt__aligned_offset(r, w), r);
+  }
+}
+END_TEST
+
+/* Through the public API: get_info's chunk count equals the planner's count of
+ * the same list, for random lists and chunk sizes. */
+START_TEST(test_info_counts) {
+  tu_rng_t rng;
+  tu_rng_init(&rng, tu_seed() + 101u * (uint64_t)_i);
+  mtopt_context_t *ctx = tu_cpu_context();
+  mtopt_tensor_list_t *list = NULL;
+  TU_OK(mtopt_tensor_list_create(ctx, &list));
+  const int64_t n = tu_int(&rng, 1, 300);
+  const int64_t cs = 4 * tu_int(&rng, 1, 64);
+  int64_t *numel = malloc((size_t)n * sizeof *numel);
+  float **w = malloc((size_t)n * sizeof *w);
+  int64_t total = 0;
+  for (int64_t i = 0; i < n; i++) {
+    numel[i] = tu_int(&rng, 0, 4) == 0 ? 0 : tu_int(&rng, 1, 3 * cs + 5);
+    w[i] = malloc((size_t)(numel[i] + 1) * sizeof(float));
+    TU_OK(mtopt_tensor_list_add_f32(list, w[i], NULL, numel[i], 0, NULL));
+    total += numel[i];
+  }
+  mtopt_optimizer_config_t c = MTOPT_OPTIMIZER_CONFIG_INIT;
+  c.chunk_size = cs;
+  c.kind = (mtopt_optimizer_kind_t)(_i % 4);
+  mtopt_optimizer_t *opt = NULL;
+  TU_OK(mtopt_optimizer_create(ctx, list, &c, &opt));
+  mtopt_optimizer_info_t info = MTOPT_OPTIMIZER_INFO_INIT;
+  TU_OK(mtopt_optimizer_get_info(opt, &info));
+  ck_assert_int_eq(info.num_tensors, n);
+  ck_assert_int_eq(info.chunk_size, cs);
+  ck_assert_int_eq(info.total_numel, total);
+  int64_t expect = 0;
+  for (int64_t i = 0; i < n; i++) expect += (numel[i] + cs - 1) / cs;
+  ck_assert_int_eq(info.num_chunks, expect);
+  ck_assert_int_eq(info.num_chunks, mtopt__plan_chunks(numel, n, cs, NULL, NULL, NULL));
+  ck_assert_int_eq(info.launches_per_step, c.kind == MTOPT_OPTIMIZER_LAMB ? 2 : 1);
+  TU_OK(mtopt_optimizer_destroy(opt));
+  TU_OK(mtopt_tensor_list_destroy(list));
+  TU_OK(mtopt_context_destroy(ctx));
+  for (int64_t i = 0; i < n; i++) free(w[i]);
+  free(w);
+  free(numel);
+}
+END_TEST
+
+Suite *plan_suite(void) {
+  Suite *s = suite_create("plan");
+  TCase *tc = tcase_create("planner");
+  tcase_set_timeout(tc, 30);
+  tcase_add_test(tc, test_edges);
+  tcase_add_loop_test(tc, test_random_lists, 0, 10);
+  tcase_add_test(tc, test_huge_tensors);
+  tcase_add_test(tc, test_overflow_and_bad_args);
+  tcase_add_test(tc, test_aligned_offset);
+  tcase_add_loop_test(tc, test_info_counts, 0, 8);
+  suite_add_tcase(s, tc);
+  return s;
+}
+
+int main(void) { return tu_run(plan_suite(), 0); }

@@ -1,0 +1,217 @@
+#!/usr/bin/env bash
+# One command on a GPU host, from a clean tree: build with CUDA, run the cuda
+# and cpu test suites, the step benchmark and the PyTorch baselines, make the
+# comparison table and plot, then run the CUDA suite under compute-sanitizer.
+#
+#   tools/gpu_run.sh [OUT]          (OUT defaults to ./gpu-out)
+#
+# OUT ends up with at most 7 files:
+#   gpu.log           everything, in order
+#   summary.txt       one line per step: status, exit code, seconds
+#   mtopt_bench.json  mtopt_bench --backend cuda, all shapes
+#   torch_bench.json  bench/torch_bench.py on the same shapes
+#   bench_table.md    bench/compare.py's table (docs/benchmarks.md, "GPU (H200)")
+#   bench_gpu.png     bench/compare.py's plot
+#   logs.tar.gz       one log per step, the CSVs, the CMake/ctest logs
+#
+# Check: where the host lacks it, put the .debs in .deps/ (on a Debian-like
+# machine: mkdir -p .deps && cd .deps && apt-get download check libsubunit-dev
+# libsubunit0); .deps/ is git-ignored, so carry it to the GPU host explicitly.
+# They are unpacked into .deps/prefix and pkg-config is pointed at them.
+#
+# Steps run in priority order and the script keeps going after a failure; it
+# exits non-zero if any step failed. The whole run stays within
+# GPU_RUN_BUDGET seconds (default 560): each step's time limit is cut to what
+# is left, and steps with under 15 s left are skipped (and count as failed).
+# Environment:
+#   GPU_RUN_BUDGET=560          total seconds
+#   GPU_RUN_SKIP="a,b"          steps to skip, GPU_RUN_ONLY="a,b" steps to run
+#                               (deps configure build ctest_cuda ctest_cpu
+#                               mtopt_bench torch_bench compare memcheck racecheck)
+#   GPU_RUN_BUILD_DIR=build-gpu the build directory, under the repository
+#   MTOPT_GIT_COMMIT=<sha>      recorded in the JSON when git is unavailable
+#   BENCH_ARGS / TORCH_ARGS     extra arguments for the two benchmarks
+set -u -o pipefail
+
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+
+# Internal: the configure step, run by step() below under a time limit.
+if [ "${1:-}" = "--configure" ]; then
+  common=(-S "$ROOT" -B "$2" -DCMAKE_BUILD_TYPE=Release -DMTOPT_WITH_CUDA=ON
+          -DCMAKE_CUDA_ARCHITECTURES=90 -DMTOPT_GIT_COMMIT="${MTOPT_GIT_COMMIT:-}")
+  command -v nvcc >/dev/null && common+=(-DCMAKE_CUDA_COMPILER="$(command -v nvcc)")
+  cmake "${common[@]}" && exit 0
+  # A host without the example's or MPI's dependencies still builds the rest.
+  echo "configure failed; again without the examples and MPI"
+  rm -f "$2/CMakeCache.txt"
+  exec cmake "${common[@]}" -DMTOPT_BUILD_EXAMPLES=OFF -DMTOPT_WITH_MPI=OFF
+fi
+OUT_ARG=${1:-./gpu-out}
+mkdir -p "$OUT_ARG"
+OUT=$(cd "$OUT_ARG" && pwd)
+LOGS=$OUT/logs
+mkdir -p "$LOGS"
+: >"$OUT/gpu.log"
+exec > >(tee -a "$OUT/gpu.log") 2>&1
+
+BUDGET=${GPU_RUN_BUDGET:-560}
+T_START=$SECONDS
+BUILD=$ROOT/${GPU_RUN_BUILD_DIR:-build-gpu}
+JOBS=$(nproc 2>/dev/null || echo 8)
+SUMMARY=()
+FAILED=0
+
+export PATH="$PATH:/usr/local/cuda/bin"
+if [ -z "${MTOPT_GIT_COMMIT:-}" ]; then
+  MTOPT_GIT_COMMIT=$(git -C "$ROOT" rev-parse HEAD 2>/dev/null || true)
+fi
+export MTOPT_GIT_COMMIT
+
+want() { # want STEP: whether GPU_RUN_ONLY / GPU_RUN_SKIP let it run
+  local s=",$1,"
+  if [ -n "${GPU_RUN_ONLY:-}" ] && [[ ",${GPU_RUN_ONLY}," != *"$s"* ]]; then return 1; fi
+  if [ -n "${GPU_RUN_SKIP:-}" ] && [[ ",${GPU_RUN_SKIP}," == *"$s"* ]]; then return 1; fi
+  return 0
+}
+
+record() { # record NAME STATUS RC SECONDS
+  SUMMARY+=("$(printf '%-12s %-8s rc=%-4s %5ss' "$1" "$2" "$3" "$4")")
+  [ "$2" = ok ] || [ "$2" = skipped ] || FAILED=1
+}
+
+# step NAME LIMIT_S CMD...: runs CMD with its output in gpu.log and
+# logs/NAME.log, under the smaller of LIMIT_S and the time left.
+step() {
+  local name=$1 limit=$2
+  shift 2
+  if ! want "$name"; then
+    record "$name" skipped - 0
+    return 0
+  fi
+  local left=$((BUDGET - (SECONDS - T_START)))
+  if [ "$left" -lt 15 ]; then
+    echo "=== [$name] not run: $left s left of the ${BUDGET} s budget"
+    record "$name" no-time - 0
+    return 1
+  fi
+  [ "$limit" -gt "$left" ] && limit=$left
+  echo
+  echo "=== [$name] $(date -u +%H:%M:%S) limit ${limit}s: $*"
+  local t0=$SECONDS rc
+  timeout --kill-after=10 "$limit" "$@" 2>&1 | tee "$LOGS/$name.log"
+  rc=${PIPESTATUS[0]}
+  local dt=$((SECONDS - t0)) status=ok
+  if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
+    status=timeout
+  elif [ "$rc" -ne 0 ]; then
+    status=FAILED
+  fi
+  echo "=== [$name] $status (rc $rc, ${dt}s)"
+  record "$name" "$status" "$rc" "$dt"
+  return "$rc"
+}
+
+# ---- Check from .deps/*.deb, where the host has none ----
+deps() {
+  if pkg-config --exists check 2>/dev/null && [ -z "${GPU_RUN_FORCE_DEPS:-}" ]; then
+    echo "Check: the system's ($(pkg-config --modversion check))"
+    return 0
+  fi
+  shopt -s nullglob
+  local debs=("$ROOT"/.deps/*.deb)
+  shopt -u nullglob
+  if [ ${#debs[@]} -eq 0 ]; then
+    echo "Check: not installed and no .deps/*.deb to unpack"
+    return 1
+  fi
+  local prefix=$ROOT/.deps/prefix
+  rm -rf "$prefix"
+  mkdir -p "$prefix"
+  for f in "${debs[@]}"; do
+    echo "unpacking $(basename "$f")"
+    dpkg -x "$f" "$prefix" || return 1
+  done
+  # The .pc files say prefix=/usr: point them at the unpacked tree.
+  sed -i "s|^prefix=.*|prefix=$prefix/usr|" "$prefix"/usr/lib/*/pkgconfig/*.pc
+}
+if want deps; then
+  # Not through step(): the exports must reach this shell.
+  echo "=== [deps] $(date -u +%H:%M:%S)"
+  t0=$SECONDS
+  deps 2>&1 | tee "$LOGS/deps.log"
+  rc=${PIPESTATUS[0]}
+  if [ -d "$ROOT/.deps/prefix/usr/lib" ]; then
+    for d in "$ROOT"/.deps/prefix/usr/lib/*/pkgconfig; do
+      export PKG_CONFIG_PATH="$d${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}"
+      # The tests link libsubunit.so from there.
+      export LD_LIBRARY_PATH="$(dirname "$d")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    done
+    echo "PKG_CONFIG_PATH=$PKG_CONFIG_PATH"
+  fi
+  if [ "$rc" -eq 0 ]; then
+    echo "Check $(pkg-config --modversion check) from $(pkg-config --variable=prefix check)" ||
+      rc=1
+  fi
+  record deps "$([ "$rc" -eq 0 ] && echo ok || echo FAILED)" "$rc" $((SECONDS - t0))
+else
+  record deps skipped - 0
+fi
+
+echo "=== host: $(hostname)  $(date -u +%Y-%m-%dT%H:%M:%SZ)  commit ${MTOPT_GIT_COMMIT:-unknown}"
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem \
+  --format=csv 2>&1 | head -5 || true
+command -v nvcc >/dev/null && nvcc --version | tail -2
+
+# ---- configure and build ----
+step configure 120 "$ROOT/tools/gpu_run.sh" --configure "$BUILD"
+step build 300 cmake --build "$BUILD" -j"$JOBS"
+
+# ---- tests ----
+step ctest_cuda 200 ctest --test-dir "$BUILD" -L cuda --output-on-failure
+step ctest_cpu 150 ctest --test-dir "$BUILD" -L cpu --output-on-failure -j"$JOBS"
+
+# ---- benchmarks ----
+# shellcheck disable=SC2086
+step mtopt_bench 240 "$BUILD/bench/mtopt_bench" --backend cuda \
+  --shapes gpt2,gpt2-xl,llama-1.1b,many-4096,many-mixed --iters 20 --warmup 5 --loop-iters 3 \
+  --json "$OUT/mtopt_bench.json" --csv "$LOGS/mtopt_bench.csv" ${BENCH_ARGS:-}
+# shellcheck disable=SC2086
+step torch_bench 240 python3 "$ROOT/bench/torch_bench.py" --iters 20 --warmup 5 --loop-iters 3 \
+  --json "$OUT/torch_bench.json" --csv "$LOGS/torch_bench.csv" ${TORCH_ARGS:-}
+step compare 60 python3 "$ROOT/bench/compare.py" --mtopt "$OUT/mtopt_bench.json" \
+  --torch "$OUT/torch_bench.json" --md "$OUT/bench_table.md" --png "$OUT/bench_gpu.png" \
+  --title "mtopt vs PyTorch, fp32 AdamW step, $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)"
+
+# ---- sanitizers (CUDA must not be touched before Check forks: CK_FORK=no) ----
+SAN=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer \
+      /usr/local/cuda/compute-sanitizer/compute-sanitizer 2>/dev/null | head -1)
+if [ -n "$SAN" ]; then
+  # MTOPT_TEST_SMALL asks the suite for reduced sizes where it supports it.
+  step memcheck 150 env CK_FORK=no MTOPT_TEST_SMALL=1 "$SAN" --tool memcheck \
+    --leak-check full --error-exitcode 1 "$BUILD/tests/test_cuda_backend"
+  step racecheck 150 env CK_FORK=no MTOPT_TEST_SMALL=1 "$SAN" --tool racecheck \
+    --error-exitcode 1 "$BUILD/tests/test_cuda_backend"
+else
+  for s in memcheck racecheck; do
+    if want $s; then
+      echo "compute-sanitizer not found: no $s"
+      record $s FAILED - 0
+    else
+      record $s skipped - 0
+    fi
+  done
+fi
+
+# ---- collect ----
+cp "$BUILD/CMakeCache.txt" "$LOGS/" 2>/dev/null
+cp "$BUILD/Testing/Temporary/LastTest.log" "$LOGS/ctest_LastTest.log" 2>/dev/null
+{
+  echo "gpu_run.sh $(date -u +%Y-%m-%dT%H:%M:%SZ) commit ${MTOPT_GIT_COMMIT:-unknown}" \
+    "total $((SECONDS - T_START))s of ${BUDGET}s"
+  printf '%s\n' "${SUMMARY[@]}"
+} | tee "$OUT/summary.txt"
+tar -C "$OUT" -czf "$OUT/logs.tar.gz" logs && rm -rf "$LOGS"
+echo "outputs in $OUT: $(ls "$OUT" | tr '\n' ' ')"
+[ "$FAILED" -eq 0 ] && echo "gpu_run: all steps passed" || echo "gpu_run: some steps FAILED"
+exit "$FAILED"
