@@ -1,16 +1,26 @@
-/* The distributed layer on the CPU backend, under mpirun -np 1, 2 and 3.
+/* The distributed layer under mpirun: the CPU backend (MPI collectives) at
+ * -np 1, 2 and 3, and the CUDA backend (NCCL) with `--backend cuda` or
+ * MTOPT_TEST_BACKEND=cuda (one GPU per rank; ctest runs it at -np 1).
  *
- * The oracle: one process stepping the plain optimizer on the averaged
- * gradient. Every rank's gradients are small integers, so their sum is exact
- * in any reduction order; the library averages as sum * (float)(1/world) and
- * the reference does the same, so data-parallel and ZeRO-1 results must equal
- * the reference bit for bit (ZeRO-1 with clipping excepted: its norm is summed
- * over other chunk boundaries, so it agrees to rounding).
+ * The oracle: one process stepping the plain optimizer, on the same backend,
+ * on the averaged gradient. Every rank's gradients are small integers, so
+ * their sum is exact in any reduction order; the CPU path averages as
+ * sum * (float)(1/world) and the reference does the same, so data-parallel and
+ * ZeRO-1 results must equal the reference bit for bit (ZeRO-1 with clipping
+ * excepted: its norm is summed over other chunk boundaries, so it agrees to
+ * rounding). NCCL's ncclAvg multiplies each rank's value by 1/world before
+ * summing: exact for small integers when world is a power of two (1, 2, 4, 8),
+ * so CUDA compares bit for bit there and to rounding otherwise.
+ *
+ * On CUDA the model (weights of the distributed and of the reference
+ * optimizer) lives in cudaMalloc'd memory; gradients are built on the host and
+ * copied in, results copied out after mtopt_dist_synchronize. CUDA is touched
+ * only after MPI_Init, never before: the suite does not fork.
  *
  * MPI cannot fork: the suite runs with CK_NOFORK, and a test records failures
  * and asserts only after its last collective, so that a failing rank does not
  * leave the others waiting in a collective. The exit code counts failures on
- * every rank. */
+ * every rank; 77 (skipped) with --backend cuda where a rank has no GPU. */
 #include <mpi.h>
 
 #include <check.h>
@@ -19,6 +29,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#ifdef MTOPT_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
 #include "mtopt/mtopt.h"
 #include "mtopt/mtopt_dist.h"
 #include "host/comm_internal.h"
@@ -26,6 +40,87 @@
 
 static int g_rank, g_world;
 static uint64_t g_seed;
+static mtopt_backend_t g_backend = MTOPT_BACKEND_CPU;
+static int g_device; /* CUDA: this rank's device */
+
+/* ---- the backend's memory: host memory on the CPU, device memory on CUDA.
+ * Set-up and read-back helpers for the tests; a CUDA failure fails the test
+ * (ck_assert), as a failed malloc would. */
+
+static mtopt_context_t *test_context(void) {
+  if (g_backend == MTOPT_BACKEND_CPU) return tu_cpu_context();
+  mtopt_context_config_t cc = MTOPT_CONTEXT_CONFIG_INIT;
+  cc.backend = g_backend;
+  cc.device = g_device;
+  mtopt_context_t *ctx = NULL;
+  TU_OK(mtopt_context_create(&cc, &ctx));
+  return ctx;
+}
+
+#ifdef MTOPT_HAVE_CUDA
+#define CU(call)                                                               \
+  do {                                                                         \
+    cudaError_t cu_e_ = (call);                                                \
+    ck_assert_msg(cu_e_ == cudaSuccess, "rank %d: %s: %s", g_rank, #call,     \
+                  cudaGetErrorString(cu_e_));                                  \
+  } while (0)
+#endif
+
+/* n floats (at least one) in the backend's memory. */
+static float *mem_alloc(int64_t n) {
+  const size_t bytes = (size_t)(n > 0 ? n : 1) * sizeof(float);
+#ifdef MTOPT_HAVE_CUDA
+  if (g_backend == MTOPT_BACKEND_CUDA) {
+    void *p = NULL;
+    CU(cudaMalloc(&p, bytes));
+    return p;
+  }
+#endif
+  float *p = malloc(bytes);
+  ck_assert_ptr_nonnull(p);
+  return p;
+}
+
+static void mem_free(float *p) {
+#ifdef MTOPT_HAVE_CUDA
+  if (g_backend == MTOPT_BACKEND_CUDA) {
+    if (p) CU(cudaFree(p));
+    return;
+  }
+#endif
+  free(p);
+}
+
+/* Host -> backend memory. cudaMemcpy runs on the legacy default stream, the
+ * test contexts' stream, so it is ordered with the library's work there. */
+static void mem_put(float *dst, const float *src, int64_t n) {
+  if (n <= 0) return;
+#ifdef MTOPT_HAVE_CUDA
+  if (g_backend == MTOPT_BACKEND_CUDA) {
+    CU(cudaMemcpy(dst, src, (size_t)n * sizeof(float), cudaMemcpyHostToDevice));
+    return;
+  }
+#endif
+  memcpy(dst, src, (size_t)n * sizeof(float));
+}
+
+/* Backend memory -> host (after the work on the default stream). */
+static void mem_get(float *dst, const float *src, int64_t n) {
+  if (n <= 0) return;
+#ifdef MTOPT_HAVE_CUDA
+  if (g_backend == MTOPT_BACKEND_CUDA) {
+    CU(cudaMemcpy(dst, src, (size_t)n * sizeof(float), cudaMemcpyDeviceToHost));
+    return;
+  }
+#endif
+  memcpy(dst, src, (size_t)n * sizeof(float));
+}
+
+/* Whether the distributed average is bit-identical to the host reference's
+ * sum * (float)(1/world) (see the top of the file). */
+static int average_is_exact(void) {
+  return g_backend == MTOPT_BACKEND_CPU || (g_world & (g_world - 1)) == 0;
+}
 
 /* ---- failure recording ---- */
 typedef struct {
@@ -54,8 +149,9 @@ typedef struct {
 
 typedef struct {
   int64_t numel[NT];
-  float *param[NT]; /* stepped by the distributed optimizer */
-  float *ref[NT];   /* stepped by the reference */
+  float *param[NT]; /* stepped by the distributed optimizer (backend memory) */
+  float *ref[NT];   /* stepped by the reference (backend memory) */
+  float *init[NT];  /* the initial weights (host) */
 } model_t;
 
 static void model_init(model_t *m) {
@@ -64,18 +160,27 @@ static void model_init(model_t *m) {
   for (int t = 0; t < NT; t++) {
     m->numel[t] = t == 4 ? 0 : tu_int(&r, 1, 700); /* one empty tensor */
     const int64_t n = m->numel[t] > 0 ? m->numel[t] : 1;
-    m->param[t] = malloc((size_t)n * sizeof(float));
-    m->ref[t] = malloc((size_t)n * sizeof(float));
-    tu_fill(&r, m->param[t], m->numel[t], -1.0f, 1.0f);
-    memcpy(m->ref[t], m->param[t], (size_t)n * sizeof(float));
+    m->init[t] = malloc((size_t)n * sizeof(float));
+    tu_fill(&r, m->init[t], m->numel[t], -1.0f, 1.0f);
+    m->param[t] = mem_alloc(n);
+    m->ref[t] = mem_alloc(n);
+    mem_put(m->param[t], m->init[t], m->numel[t]);
+    mem_put(m->ref[t], m->init[t], m->numel[t]);
   }
 }
 
 static void model_free(model_t *m) {
   for (int t = 0; t < NT; t++) {
-    free(m->param[t]);
-    free(m->ref[t]);
+    mem_free(m->param[t]);
+    mem_free(m->ref[t]);
+    free(m->init[t]);
   }
+}
+
+/* A tensor of backend memory, read into a NaN-poisoned host buffer. */
+static void read_back(float *host, const float *mem, int64_t n) {
+  tu_poison(host, n);
+  mem_get(host, mem, n);
 }
 
 /* Tensors with grad == NULL; tensor 2 without weight decay, 5 and 6 in group
@@ -172,7 +277,7 @@ static mtopt_optimizer_config_t case_config(const eq_case_t *c) {
 START_TEST(test_equivalence) {
   const eq_case_t *c = &eq_cases[_i];
   rec_t rec = {0};
-  mtopt_context_t *ctx = tu_cpu_context();
+  mtopt_context_t *ctx = test_context();
   model_t m;
   model_init(&m);
   mtopt_comm_config_t cc = small_buckets(c->zero);
@@ -185,13 +290,15 @@ START_TEST(test_equivalence) {
   mtopt_optimizer_t *ref = NULL;
   EXPECT_OK(&rec, mtopt_dist_optimizer_create(comm, dl, &oc, &dopt));
   EXPECT_OK(&rec, mtopt_optimizer_create(ctx, rl, &oc, &ref));
+  const int exact = c->exact && average_is_exact();
+  float *tmp = malloc(800 * sizeof(float)), *dh = malloc(800 * sizeof(float)),
+        *rh = malloc(800 * sizeof(float));
   if (!dopt || !ref) goto done;
 
   int nb = 0;
   EXPECT_OK(&rec, mtopt_dist_get_bucket_count(dopt, &nb));
   EXPECT(&rec, nb >= 3, "only %d buckets: the test wants several", nb);
   const float inv = (float)(1.0 / (double)g_world);
-  float *tmp = malloc(800 * sizeof(float));
   for (int s = 0; s < 3; s++) {
     EXPECT_OK(&rec, mtopt_dist_optimizer_zero_grad(dopt));
     for (int t = 0; t < NT; t++) {
@@ -200,17 +307,20 @@ START_TEST(test_equivalence) {
       float *dg = NULL, *rg = NULL;
       EXPECT_OK(&rec, mtopt_dist_optimizer_get_grad(dopt, t, (void **)&dg));
       EXPECT_OK(&rec, mtopt_optimizer_get_grad(ref, t, (void **)&rg));
-      rank_grad(s, g_rank, t, n, dg);
-      for (int64_t i = 0; i < n; i++) rg[i] = 0.0f;
+      if (!dg || !rg) continue;
+      rank_grad(s, g_rank, t, n, dh);
+      for (int64_t i = 0; i < n; i++) rh[i] = 0.0f;
       for (int q = 0; q < g_world; q++) {
         rank_grad(s, q, t, n, tmp);
-        for (int64_t i = 0; i < n; i++) rg[i] += tmp[i];
+        for (int64_t i = 0; i < n; i++) rh[i] += tmp[i];
       }
-      for (int64_t i = 0; i < n; i++) rg[i] *= inv;
+      for (int64_t i = 0; i < n; i++) rh[i] *= inv;
       if (c->loss_scale && s == 1 && t == 0) { /* one rank overflows */
-        if (g_rank == g_world - 1) dg[0] = INFINITY;
-        rg[0] = INFINITY;
+        if (g_rank == g_world - 1) dh[0] = INFINITY;
+        rh[0] = INFINITY;
       }
+      mem_put(dg, dh, n);
+      mem_put(rg, rh, n);
     }
     /* Mark a random subset of buckets in a random order (different on every
      * rank); the step marks the rest. */
@@ -228,23 +338,31 @@ START_TEST(test_equivalence) {
     EXPECT_OK(&rec, mtopt_dist_step(dopt));
     EXPECT_OK(&rec, mtopt_optimizer_step(ref));
   }
-  free(tmp);
+  /* CUDA: the step only enqueued; wait (bounded) and surface NCCL errors. */
+  EXPECT_OK(&rec, mtopt_dist_synchronize(dopt));
+  EXPECT_OK(&rec, mtopt_context_synchronize(ctx));
 
   for (int t = 0; t < NT; t++) {
     const int64_t n = m.numel[t];
-    if (c->exact) {
-      const int64_t k = tu_first_bit_diff(m.param[t], m.ref[t], n);
+    read_back(dh, m.param[t], n);
+    read_back(rh, m.ref[t], n);
+    if (exact) {
+      const int64_t k = tu_first_bit_diff(dh, rh, n);
       EXPECT(&rec, k < 0, "%s, rank %d/%d: tensor %d differs from the reference at %lld: %.9g vs %.9g",
-             c->name, g_rank, g_world, t, (long long)k, k < 0 ? 0.0 : m.param[t][k],
-             k < 0 ? 0.0 : m.ref[t][k]);
+             c->name, g_rank, g_world, t, (long long)k, k < 0 ? 0.0 : dh[k],
+             k < 0 ? 0.0 : rh[k]);
     } else {
-      const tu_err_t e = tu_compare_f(m.param[t], m.ref[t], n, 1e-6, 1e-5);
+      const tu_err_t e = tu_compare_f(dh, rh, n, 1e-6, 1e-5);
       EXPECT(&rec, e.n_bad == 0, "%s, rank %d/%d: tensor %d: %lld bad, worst rel %.3g",
              c->name, g_rank, g_world, t, (long long)e.n_bad, e.max_rel);
     }
+    /* The step moved the weights (a no-op step would match a no-op
+     * reference only if both were broken alike). */
+    EXPECT(&rec, n == 0 || tu_first_bit_diff(dh, m.init[t], n) >= 0,
+           "%s: tensor %d never moved", c->name, t);
   }
   /* zero_stage 0 keeps the whole state: it must match too. */
-  if (!c->zero && c->exact) {
+  if (!c->zero && exact) {
     mtopt_optimizer_t *inner = NULL;
     EXPECT_OK(&rec, mtopt_dist_optimizer_get_optimizer(dopt, &inner));
     const mtopt_state_t which =
@@ -253,6 +371,7 @@ START_TEST(test_equivalence) {
     for (int t = 0; t < NT && inner; t++) {
       if (!m.numel[t]) continue;
       tu_poison(a, m.numel[t]);
+      tu_poison(b, m.numel[t]);
       EXPECT_OK(&rec, mtopt_optimizer_read_state(inner, t, which, a));
       EXPECT_OK(&rec, mtopt_optimizer_read_state(ref, t, which, b));
       EXPECT(&rec, tu_first_bit_diff(a, b, m.numel[t]) < 0, "%s: state of tensor %d differs",
@@ -279,6 +398,9 @@ START_TEST(test_equivalence) {
              (double)ri.last_grad_norm);
   }
 done:
+  free(tmp);
+  free(dh);
+  free(rh);
   EXPECT_OK(&rec, mtopt_dist_optimizer_destroy(dopt));
   EXPECT_OK(&rec, mtopt_optimizer_destroy(ref));
   EXPECT_OK(&rec, mtopt_comm_destroy(comm));
@@ -295,7 +417,7 @@ END_TEST
 START_TEST(test_bucket_plan) {
   rec_t rec = {0};
   const int zero = _i;
-  mtopt_context_t *ctx = tu_cpu_context();
+  mtopt_context_t *ctx = test_context();
   model_t m;
   model_init(&m);
   mtopt_comm_config_t cc = small_buckets(zero);
@@ -378,7 +500,7 @@ END_TEST
 
 START_TEST(test_arguments) {
   rec_t rec = {0};
-  mtopt_context_t *ctx = tu_cpu_context();
+  mtopt_context_t *ctx = test_context();
   mtopt_comm_t *comm = NULL;
   mtopt_comm_config_t bad = MTOPT_COMM_CONFIG_INIT;
   bad.struct_size = 3;
@@ -391,7 +513,10 @@ START_TEST(test_arguments) {
   EXPECT_ST(&rec, mtopt_comm_create_mpi(NULL, MPI_COMM_WORLD, NULL, &comm),
             MTOPT_STATUS_INVALID_ARGUMENT);
   int dummy = 0;
-  EXPECT_ST(&rec, mtopt_comm_create_nccl(ctx, &dummy, NULL, &comm), MTOPT_STATUS_NOT_SUPPORTED);
+  /* A CPU context cannot wrap an NCCL communicator (on CUDA the pointer would
+   * be taken for a real ncclComm_t). */
+  if (g_backend == MTOPT_BACKEND_CPU)
+    EXPECT_ST(&rec, mtopt_comm_create_nccl(ctx, &dummy, NULL, &comm), MTOPT_STATUS_NOT_SUPPORTED);
   EXPECT_ST(&rec, mtopt_comm_local_rank(MPI_COMM_WORLD, NULL), MTOPT_STATUS_INVALID_ARGUMENT);
   EXPECT(&rec, comm == NULL, "a failed create wrote *out");
 
@@ -430,7 +555,7 @@ END_TEST
 START_TEST(test_plan_mismatch) {
   rec_t rec = {0};
   const int odd = g_world > 1 && g_rank == g_world - 1;
-  mtopt_context_t *ctx = tu_cpu_context();
+  mtopt_context_t *ctx = test_context();
   model_t m;
   model_init(&m);
   mtopt_comm_config_t cc = small_buckets(_i == 2);
@@ -441,9 +566,14 @@ START_TEST(test_plan_mismatch) {
    * buffer has room: model tensors are at least 1 long, allocated n). */
   float *params[NT];
   for (int t = 0; t < NT; t++) params[t] = m.param[t];
-  float *big = malloc((size_t)(m.numel[3] + 1) * sizeof(float));
-  memcpy(big, m.param[3], (size_t)m.numel[3] * sizeof(float));
-  big[m.numel[3]] = 0.5f;
+  float *big = mem_alloc(m.numel[3] + 1);
+  {
+    float *h = malloc((size_t)(m.numel[3] + 1) * sizeof(float));
+    memcpy(h, m.init[3], (size_t)m.numel[3] * sizeof(float));
+    h[m.numel[3]] = 0.5f;
+    mem_put(big, h, m.numel[3] + 1);
+    free(h);
+  }
   params[3] = big;
   mtopt_tensor_list_t *l =
       make_list(ctx, params, &m, (_i != 1 && odd) ? m.numel[3] + 1 : 0, &rec);
@@ -465,7 +595,7 @@ START_TEST(test_plan_mismatch) {
   EXPECT_OK(&rec, mtopt_comm_destroy(comm));
   EXPECT_OK(&rec, mtopt_tensor_list_destroy(l));
   EXPECT_OK(&rec, mtopt_context_destroy(ctx));
-  free(big);
+  mem_free(big);
   model_free(&m);
   REC_ASSERT(rec);
 }
@@ -478,8 +608,12 @@ END_TEST
  * complete in the background) so that the world ends clean. */
 START_TEST(test_timeout) {
   if (g_world == 1) return; /* one rank never waits for another */
+  /* On CUDA mtopt_dist_step only enqueues: a missing rank shows up in
+   * mtopt_dist_synchronize, and the abandoned NCCL kernels are aborted rather
+   * than completed later; that needs its own test on a multi-GPU host. */
+  if (g_backend != MTOPT_BACKEND_CPU) return;
   rec_t rec = {0};
-  mtopt_context_t *ctx = tu_cpu_context();
+  mtopt_context_t *ctx = test_context();
   model_t m;
   model_init(&m);
   mtopt_comm_config_t cc = small_buckets(0);
@@ -494,15 +628,22 @@ START_TEST(test_timeout) {
   for (int t = 0; t < NT && d; t++) {
     float *g = NULL;
     EXPECT_OK(&rec, mtopt_dist_optimizer_get_grad(d, t, (void **)&g));
-    if (g) rank_grad(0, g_rank, t, m.numel[t], g);
+    if (g) {
+      float h[800];
+      rank_grad(0, g_rank, t, m.numel[t], h);
+      mem_put(g, h, m.numel[t]);
+    }
   }
   if (g_rank == 0) {
     EXPECT_ST(&rec, mtopt_dist_step(d), MTOPT_STATUS_COMM_ERROR);
     EXPECT(&rec, strstr(mtopt_last_error(), "timeout_ms") != NULL, "message: %s",
            mtopt_last_error());
-    for (int t = 0; t < NT; t++)
-      EXPECT(&rec, tu_first_bit_diff(m.param[t], m.ref[t], m.numel[t]) < 0,
+    for (int t = 0; t < NT; t++) {
+      float h[800];
+      read_back(h, m.param[t], m.numel[t]);
+      EXPECT(&rec, tu_first_bit_diff(h, m.init[t], m.numel[t]) < 0,
              "tensor %d changed by a step that failed", t);
+    }
     EXPECT_ST(&rec, mtopt_dist_step(d), MTOPT_STATUS_COMM_ERROR);
     EXPECT_ST(&rec, mtopt_dist_bucket_ready(d, 0), MTOPT_STATUS_COMM_ERROR);
     MPI_Barrier(MPI_COMM_WORLD);
@@ -534,10 +675,82 @@ Suite *dist_suite(void) {
   return s;
 }
 
+/* --backend cpu|cuda, else MTOPT_TEST_BACKEND, else cpu. -1 on a bad name. */
+static int pick_backend(int argc, char **argv) {
+  const char *name = getenv("MTOPT_TEST_BACKEND");
+  for (int i = 1; i + 1 < argc; i++)
+    if (!strcmp(argv[i], "--backend")) name = argv[i + 1];
+  if (!name || !*name || !strcmp(name, "cpu")) {
+    g_backend = MTOPT_BACKEND_CPU;
+    return 0;
+  }
+  if (!strcmp(name, "cuda")) {
+    g_backend = MTOPT_BACKEND_CUDA;
+    return 0;
+  }
+  return -1;
+}
+
+/* CUDA: every rank needs a GPU of its own (NCCL refuses two ranks on one
+ * device) and the build needs NCCL. Picks this rank's device: its node-local
+ * rank when every rank sees all the node's GPUs, else device 0 when the
+ * launcher gives each rank its own GPU through CUDA_VISIBLE_DEVICES.
+ * Collective: 1 on every rank if all can run, else 0 on every rank, with the
+ * reason (printed by the ranks that lack a GPU) in *why. */
+static int cuda_ready(const char **why) {
+  int ok = mtopt_backend_available(MTOPT_BACKEND_CUDA);
+  *why = ok ? "" : "no CUDA device (or a build without CUDA)";
+#ifndef MTOPT_HAVE_NCCL
+  if (ok) {
+    ok = 0;
+    *why = "this build has no NCCL (configure with -DMTOPT_WITH_NCCL=ON)";
+  }
+#endif
+#ifdef MTOPT_HAVE_CUDA
+  if (ok) {
+    MPI_Comm node;
+    int local = 0, nlocal = 1, count = 0;
+    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+    MPI_Comm_rank(node, &local);
+    MPI_Comm_size(node, &nlocal);
+    MPI_Comm_free(&node);
+    if (cudaGetDeviceCount(&count) != cudaSuccess) count = 0;
+    if (count >= nlocal) {
+      g_device = local;
+    } else if (count >= 1 && getenv("CUDA_VISIBLE_DEVICES")) {
+      g_device = 0;
+    } else {
+      ok = 0;
+      *why = "fewer CUDA devices than ranks on this node";
+    }
+  }
+#endif
+  int all = 0;
+  MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  return all;
+}
+
 int main(int argc, char **argv) {
   MPI_Init(&argc, &argv);
   MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
   MPI_Comm_size(MPI_COMM_WORLD, &g_world);
+  if (pick_backend(argc, argv) != 0) {
+    if (g_rank == 0) fprintf(stderr, "dist: unknown backend (--backend cpu|cuda)\n");
+    MPI_Finalize();
+    return 2;
+  }
+  /* CUDA is touched only from here on: after MPI_Init, and Check never forks
+   * this suite. */
+  if (g_backend == MTOPT_BACKEND_CUDA) {
+    const char *why = "";
+    if (!cuda_ready(&why)) {
+      if (g_rank == 0 || *why)
+        printf("dist (cuda): rank %d: skipped: %s\n", g_rank,
+               *why ? why : "another rank cannot run it");
+      MPI_Finalize();
+      return 77;
+    }
+  }
   unsigned long long seed = 0;
   if (g_rank == 0) seed = tu_seed(); /* printed once, by rank 0 */
   MPI_Bcast(&seed, 1, MPI_UNSIGNED_LONG_LONG, 0, MPI_COMM_WORLD);
@@ -558,7 +771,9 @@ int main(int argc, char **argv) {
   }
   int total = 0;
   MPI_Allreduce(&failed, &total, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
-  if (g_rank == 0) printf("dist: %d ranks, %d failed checks over all ranks\n", g_world, total);
+  if (g_rank == 0)
+    printf("dist (%s): %d ranks, %d failed checks over all ranks\n",
+           g_backend == MTOPT_BACKEND_CUDA ? "cuda" : "cpu", g_world, total);
   srunner_free(sr);
   MPI_Finalize();
   return total ? 1 : 0;

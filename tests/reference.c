@@ -49,6 +49,7 @@ void ref_init(ref_opt_t *r, const mtopt_optimizer_config_t *c, int64_t n,
     t->m = calloc((size_t)(numel[i] + 1), sizeof(double));
     t->v = calloc((size_t)(numel[i] + 1), sizeof(double));
     t->buf = calloc((size_t)(numel[i] + 1), sizeof(double));
+    t->werr = calloc((size_t)(numel[i] + 1), sizeof(double));
   }
 }
 
@@ -58,6 +59,7 @@ void ref_free(ref_opt_t *r) {
     free(r->t[i].m);
     free(r->t[i].v);
     free(r->t[i].buf);
+    free(r->t[i].werr);
   }
   free(r->t);
   memset(r, 0, sizeof *r);
@@ -91,14 +93,19 @@ static void adam_tensor(const ref_opt_t *r, ref_tensor_t *t, const double *g, do
   const double bc2 = 1.0 - pow(r->beta2, (double)step);
   for (int64_t i = 0; i < t->numel; i++) {
     double gi = g[i];
-    if (decoupled)
+    /* fp32 rounding of the g the moments see (4 ulp of its terms). */
+    double dg = fabs(gi);
+    if (decoupled) {
       t->w[i] *= 1.0 - lr * wd;
-    else
+    } else {
+      dg += fabs(wd * t->w[i]);
       gi += wd * t->w[i];
+    }
     t->m[i] = r->beta1 * t->m[i] + (1.0 - r->beta1) * gi;
     t->v[i] = r->beta2 * t->v[i] + (1.0 - r->beta2) * gi * gi;
     const double denom = sqrt(t->v[i]) / sqrt(bc2) + r->eps;
     t->w[i] -= (lr / bc1) * t->m[i] / denom;
+    t->werr[i] += (lr / bc1) * (1.0 - r->beta1) * 0x1p-21 * dg / denom;
   }
 }
 
@@ -127,7 +134,9 @@ static void lamb_tensor(const ref_opt_t *r, ref_tensor_t *t, const double *g, do
   for (int64_t i = 0; i < t->numel; i++) {
     t->m[i] = r->beta1 * t->m[i] + (1.0 - r->beta1) * g[i];
     t->v[i] = r->beta2 * t->v[i] + (1.0 - r->beta2) * g[i] * g[i];
-    u[i] = (t->m[i] / bc1) / (sqrt(t->v[i] / bc2) + r->eps) + wd * t->w[i];
+    const double denom = sqrt(t->v[i] / bc2) + r->eps;
+    u[i] = (t->m[i] / bc1) / denom + wd * t->w[i];
+    t->werr[i] += lr * (1.0 - r->beta1) / bc1 * 0x1p-21 * fabs(g[i]) / denom;
     wsq += t->w[i] * t->w[i];
     usq += u[i] * u[i];
   }

@@ -37,6 +37,13 @@ typedef struct {
   double *v;   /* second moment */
   double *buf; /* SGD momentum buffer */
   int buf_init;
+  /* Per element, a bound on how far an fp32 implementation may drift from
+   * this reference for reasons of conditioning, not of formula: where Adam's
+   * denominator sqrt(v_hat) + eps is tiny (g ~ 0, or g + wd*w cancelling in
+   * Adam's L2 form at the first steps), the fp32 rounding of g (about 2^-23 of
+   * the terms that formed it) is amplified by lr / denominator. Summed over
+   * steps; zero for SGD. Tests add it to their weight tolerance. */
+  double *werr;
 } ref_tensor_t;
 
 typedef struct {

@@ -1,0 +1,166 @@
+#!/usr/bin/env bash
+# examples/mnist_mlp data parallel through mtopt_dist.
+#   usage: mnist_dist.sh PATH/TO/mpiexec PATH/TO/mnist_mlp [cpu|gpu]
+# cpu (default): MPI collectives. With the same global batch and seed, 2 ranks
+# must train as one process does, and 1 rank through mtopt_dist must match
+# the plain run exactly; ZeRO-1, uneven shards and checkpoints too.
+# gpu: NCCL at one rank (--dist), for a one-GPU host; exits 77 (skip) where
+# no GPU is usable.
+# MNIST_DATA overrides the data set directory. A missing data set is a
+# failure, not a skip: CI installs dataset-fashion-mnist.
+set -u
+usage="usage: mnist_dist.sh PATH/TO/mpiexec PATH/TO/mnist_mlp [cpu|gpu]"
+mpiexec=${1:?$usage}
+bin=${2:?$usage}
+mode=${3:-cpu}
+data=${MNIST_DATA:-/usr/share/datasets/fashion-mnist}
+fail() { echo "FAIL: $*" >&2; exit 1; }
+
+# Root in containers, no CMA between ranks, one OpenMP thread per rank (as the
+# dist_np* tests); ctest sets these too.
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export OMPI_MCA_btl_vader_single_copy_mechanism=none OMP_NUM_THREADS=1
+
+[ -x "$bin" ] || fail "$bin was not built (the example needs OpenBLAS and zlib)"
+[ -d "$data" ] || fail "no data set at $data (apt install dataset-fashion-mnist, or set MNIST_DATA)"
+
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+run() { # run NAME NP ARGS...: mpiexec -n NP mnist_mlp ARGS, output in $work/NAME.txt
+  local name=$1 np=$2
+  shift 2
+  "$mpiexec" -n "$np" --oversubscribe "$bin" "$@" > "$work/$name.txt" 2>&1
+}
+accuracy() { sed -n 's/^test accuracy: \([0-9][0-9]*\.[0-9][0-9]\)%$/\1/p' "$work/$1.txt"; }
+epochs_of() { awk 'NF == 8 && $1 ~ /^[0-9]+$/ { print $1, $2, $3, $4 } /^test accuracy/' "$work/$1.txt"; }
+# Largest relative difference between the loss curves of two CSV files, and
+# its step ("no-number at step N" when a value is missing or not a number).
+curve_diff() {
+  paste -d, "$1" "$2" | awk -F, '
+    NR > 1 && $4 !~ /^[0-9.]+([eE][-+]?[0-9]+)?$/ && !bad { bad = NR - 1 }
+    NR > 1 { d = ($2 - $4) / $2; if (d < 0) d = -d; if (d > m) { m = d; at = NR - 1 } }
+    END { if (bad) printf "no-number at step %d\n", bad; else printf "%g at step %d\n", m, at }'
+}
+within() { awk -v a="$1" -v b="$2" -v t="$3" 'BEGIN { d = a - b; exit !(d <= t && d >= -t) }'; }
+
+if [ "$mode" = gpu ]; then
+  # One GPU, NCCL with one rank: mtopt_dist_step over NCCL must train as the
+  # plain GPU run does (SGD curves to rounding, the same accuracy bar).
+  g=(--gpu --data "$data" --train-limit 3000 --batch 128 --epochs 2 --seed 7)
+  "$bin" "${g[@]}" --optimizer sgd --csv "$work/g1.csv" > "$work/g1.txt" 2>&1
+  rc=$?
+  if [ $rc -ne 0 ] && grep -q "no usable CUDA device\|no CUDA support" "$work/g1.txt"; then
+    echo "SKIP: no usable GPU"
+    exit 77
+  fi
+  cat "$work/g1.txt"
+  [ $rc -eq 0 ] || fail "the plain GPU run failed"
+  run g2 1 "${g[@]}" --optimizer sgd --dist --csv "$work/g2.csv"
+  rc=$?
+  cat "$work/g2.txt"
+  [ $rc -eq 0 ] || fail "mpiexec -n 1 --gpu --dist failed"
+  grep -q "over NCCL" "$work/g2.txt" || fail "the --dist GPU run did not report NCCL"
+  worst=$(curve_diff "$work/g1.csv" "$work/g2.csv")
+  echo "SGD on the GPU, NCCL at 1 rank vs plain: largest relative loss difference $worst"
+  awk -v w="${worst%% *}" 'BEGIN { exit !(w < 1e-3) }' || fail "the loss curves differ by $worst"
+  a1=$(accuracy g1) a2=$(accuracy g2)
+  within "$a1" "$a2" 1.5 || fail "plain $a1% vs NCCL $a2%"
+  # ZeRO-1 with clipping and dynamic loss scaling: the statistics are summed
+  # over the ranks on the device; the backward reads the inner optimizer's scale.
+  run gz 1 "${g[@]}" --dist --zero 1 --clip 1 --dynamic-loss-scale ||
+    { cat "$work/gz.txt"; fail "--gpu --dist --zero 1 --clip 1 --dynamic-loss-scale failed"; }
+  cat "$work/gz.txt"
+  az=$(accuracy gz)
+  awk -v a="$az" 'BEGIN { exit !(a > 70.0) }' || fail "ZeRO-1 on the GPU: accuracy '$az'%"
+  echo "PASS: GPU plain $a1%, NCCL 1 rank $a2% (SGD curves within $worst), ZeRO-1 + clip + dynamic scale $az%"
+  exit 0
+fi
+[ "$mode" = cpu ] || fail "$usage"
+
+limit=3000 batch=128 epochs=2
+steps=$(( (limit + batch - 1) / batch ))
+common=(--cpu --threads 1 --data "$data" --train-limit $limit --batch $batch --epochs $epochs --seed 7)
+# 1. One process, no MPI: the reference.
+"$bin" "${common[@]}" > "$work/one.txt" 2>&1 || { cat "$work/one.txt"; fail "the one-process run failed"; }
+acc1=$(accuracy one)
+[ -n "$acc1" ] || fail "no 'test accuracy' line in the one-process run"
+
+# 2. Two ranks, same global batch: the loss falls, the accuracy passes the
+# bar and stays within 1.5 points of one process.
+run two 2 "${common[@]}" --csv "$work/loss.csv"
+rc=$?
+cat "$work/two.txt"
+[ $rc -eq 0 ] || fail "mpiexec -n 2 exited with $rc"
+grep -q "^data parallel: 2 rank(s), all-reduce over MPI" "$work/two.txt" ||
+  fail "the 2-rank run did not report data parallel over MPI"
+[ "$(grep -c '^test accuracy' "$work/two.txt")" -eq 1 ] || fail "more than one rank printed"
+rows=$(( $(wc -l < "$work/loss.csv") - 1 ))
+[ "$rows" -eq $((steps * epochs)) ] || fail "loss.csv has $rows rows, expected $((steps * epochs))"
+read -r first last < <(awk -F, -v s="$steps" -v n="$rows" '
+  NR > 1 && NR - 1 <= s { a += $2 }
+  NR > 1 && NR - 1 > n - s { b += $2 }
+  NR > 1 && ($2 != $2 + 0 || $2 + 0 != $2 + 0) { bad = 1 }
+  END { if (bad) print "nan nan"; else printf "%.6f %.6f\n", a / s, b / s }' "$work/loss.csv")
+echo "2 ranks: mean loss first epoch $first, last epoch $last"
+awk -v a="$first" -v b="$last" 'BEGIN { exit !(b > 0 && b < 0.8 * a) }' ||
+  fail "the loss did not fall by 20% (first epoch $first, last epoch $last)"
+acc2=$(accuracy two)
+[ -n "$acc2" ] || fail "no 'test accuracy' line in the 2-rank run"
+awk -v a="$acc2" 'BEGIN { exit !(a > 70.0) }' || fail "2 ranks: test accuracy $acc2% is not above 70%"
+within "$acc1" "$acc2" 1.5 ||
+  fail "2 ranks reached $acc2%, one process $acc1%: more than 1.5 points apart"
+echo "test accuracy: one process $acc1%, 2 ranks $acc2%"
+
+# 2b. AdamW hardly notices a wrong gradient scale (its update is normalised),
+# so compare SGD's loss curves step by step: each rank's gradient must be its
+# rows' loss summed / (batch / world). Only the summation order differs
+# (measured: 2.3e-6 relative); forgetting the / world gives 0.35.
+"$bin" "${common[@]}" --optimizer sgd --csv "$work/sgd1.csv" > "$work/sgd1.txt" 2>&1 ||
+  fail "the one-process SGD run failed"
+run sgd2 2 "${common[@]}" --optimizer sgd --csv "$work/sgd2.csv" ||
+  { cat "$work/sgd2.txt"; fail "the 2-rank SGD run failed"; }
+worst=$(curve_diff "$work/sgd1.csv" "$work/sgd2.csv")
+echo "SGD, 2 ranks vs one process: largest relative loss difference $worst"
+awk -v w="${worst%% *}" 'BEGIN { exit !(w < 1e-3) }' ||
+  fail "SGD losses at 2 ranks differ from one process by $worst (the gradient scaling is off)"
+
+# 3. One rank through mtopt_dist (--dist): the average over one rank is
+# x * 1.0 and the shard is the whole batch, so every printed number matches.
+run dist1 1 "${common[@]}" --dist || { cat "$work/dist1.txt"; fail "--dist at 1 rank failed"; }
+s1=$(epochs_of one) s2=$(epochs_of dist1)
+[ -n "$s1" ] && [ "$s1" = "$s2" ] ||
+  fail "--dist at one rank differs from the plain run: '$s1' vs '$s2'"
+
+# 4. ZeRO-1 at 2 ranks: the same bar.
+run zero 2 "${common[@]}" --zero 1 || { cat "$work/zero.txt"; fail "--zero 1 failed"; }
+grep -q "ZeRO-1" "$work/zero.txt" || fail "the --zero 1 run did not report ZeRO-1"
+accz=$(accuracy zero)
+awk -v a="$accz" 'BEGIN { exit !(a > 70.0) }' && within "$acc1" "$accz" 1.5 ||
+  fail "ZeRO-1 at 2 ranks reached '$accz'%, one process $acc1%"
+echo "ZeRO-1, 2 ranks: $accz%"
+
+# 5. ZeRO-1 refuses checkpoints with a message naming the flag.
+run zsave 2 "${common[@]}" --zero 1 --save "$work/z.mtopt" && fail "--zero 1 --save exited with 0"
+grep -q -- "--save with --zero 1" "$work/zsave.txt" || { cat "$work/zsave.txt"; fail "no message for --zero 1 --save"; }
+
+# 6. A last batch smaller than the rank count (1001 images, batch 100: the
+# last batch holds 1 image and two of three ranks get none).
+run tiny 3 --cpu --threads 1 --data "$data" --train-limit 1001 --batch 100 --epochs 1 --seed 5 ||
+  { cat "$work/tiny.txt"; fail "3 ranks with a 1-image last batch failed"; }
+acct=$(accuracy tiny)
+awk -v a="$acct" 'BEGIN { exit !(a > 50.0) }' || { cat "$work/tiny.txt"; fail "3 ranks, 1001 images: accuracy '$acct'%"; }
+
+# 7. Checkpoints at 2 ranks (rank 0 saves, every rank loads): 2 epochs, save,
+# resume for a 3rd must match 3 epochs in one go.
+ck=(--cpu --threads 1 --data "$data" --train-limit 2000 --schedule constant --seed 3)
+run straight 2 "${ck[@]}" --epochs 3 || fail "3-epoch 2-rank run failed"
+run first 2 "${ck[@]}" --epochs 2 --save "$work/ck.mtopt" || fail "2-rank run with --save failed"
+run resumed 2 "${ck[@]}" --epochs 3 --resume "$work/ck.mtopt" ||
+  { cat "$work/resumed.txt"; fail "2-rank --resume run failed"; }
+e1=$(epochs_of straight | grep -v '^[12] ') e2=$(epochs_of resumed | grep -v '^[12] ')
+echo "straight: $e1"
+echo "resumed:  $e2"
+[ -n "$e1" ] && [ "$e1" = "$e2" ] || fail "resuming at 2 ranks did not reproduce epoch 3"
+
+echo "PASS: 2 ranks $acc2% vs one process $acc1% (loss $first -> $last), SGD curves within $worst, --dist at 1 rank exact, ZeRO-1 $accz%, resume at 2 ranks exact"
