@@ -13,12 +13,20 @@
  * min(comm, step).
  * Bandwidth as nccl-tests defines it for all-reduce: algbw = gradient bytes /
  * comm time, busbw = algbw * 2(n-1)/n (the bytes each rank's link carries; the
- * same factor for reduce-scatter + all-gather).
+ * same factor for reduce-scatter + all-gather). At one rank the factor is 0,
+ * so busbw is 0 by definition (nothing crosses a link) and the comm figure is
+ * the per-call cost of the collectives (NCCL: launches of in-place no-ops);
+ * the output says so.
+ *
+ * Times are host wall-clock from the first call to the end of the wait
+ * (mtopt_dist_synchronize / mtopt_context_synchronize on CUDA), so they
+ * include launch overhead and one host synchronisation per iteration.
  *
  *   mpirun -np 2 mtopt_dist_bench [--shape gpt2] [--buckets 1,4,25,100]
  *       [--iters 5] [--warmup 1] [--zero 0|1] [--backend cpu|cuda]
  *       [--kind adamw|sgd|lamb] [--threads N] [--csv]
- * On CUDA each rank uses its node-local rank as the device. */
+ * On CUDA each rank uses its node-local rank as the device (NCCL: set
+ * NCCL_NVLS_ENABLE=0 on hosts where NVLink multicast must stay off). */
 #include <mpi.h>
 
 #include <stdio.h>
@@ -121,6 +129,12 @@ int main(int argc, char **argv) {
     else DIE_IF(1, "unknown argument '%s' (see the comment at the top of dist_bench.c)", a);
   }
   DIE_IF(iters < 1 || warmup < 0, "--iters must be >= 1, --warmup >= 0");
+  DIE_IF(strcmp(backend, "cpu") && strcmp(backend, "cuda"), "--backend must be cpu or cuda");
+  DIE_IF(strcmp(kind, "adamw") && strcmp(kind, "sgd") && strcmp(kind, "lamb"),
+         "--kind must be adamw, sgd or lamb");
+  DIE_IF(zero != 0 && zero != 1, "--zero must be 0 or 1");
+  DIE_IF(!strcmp(backend, "cuda") && !mtopt_backend_available(MTOPT_BACKEND_CUDA),
+         "--backend cuda: no CUDA device (or a build without CUDA)");
 
   bench_shape_t shape;
   char err[256];
@@ -164,6 +178,12 @@ int main(int argc, char **argv) {
     printf("# comm: collectives alone; step: local step alone; epilogue: mtopt_dist_step "
            "(overlapped); saved = (comm + step - epilogue) / min(comm, step)\n");
     printf("# algbw = gradient bytes / comm; busbw = algbw * 2(n-1)/n (nccl-tests)\n");
+    if (g_world == 1)
+      printf("# 1 rank: busbw is 0 by definition (2(n-1)/n = 0: no bytes cross a link); "
+             "comm is the per-call cost of the collectives (%s)\n",
+             strcmp(backend, "cuda") ? "MPI on one rank" : "NCCL launches of in-place no-ops");
+    if (g_world == 1)
+      printf("# 1 rank: saved is not reported (there is no communication to hide)\n");
     if (csv)
       printf("bucket_mb,buckets,comm_ms,step_ms,epilogue_ms,saved,algbw_gbs,busbw_gbs\n");
     else
@@ -197,12 +217,15 @@ int main(int argc, char **argv) {
     const double te = time_it(run_epilogue, &r, warmup, iters);
     const double mn = tc < ts ? tc : ts;
     const double saved = mn > 0 ? (tc + ts - te) / mn : 0.0;
-    const double algbw = gbytes / tc / 1e9;
-    const double busbw = algbw * 2.0 * (g_world - 1) / g_world;
+    const double algbw = tc > 0 ? gbytes / tc / 1e9 : 0.0;
+    const double busbw = algbw * 2.0 * (g_world - 1) / g_world; /* 0 at one rank */
     if (g_rank == 0) {
       if (csv)
         printf("%g,%d,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f\n", mb, nb, tc * 1e3, ts * 1e3, te * 1e3,
-               saved, algbw, busbw);
+               g_world > 1 ? saved : 0.0, algbw, busbw);
+      else if (g_world == 1)
+        printf("%9g %7d %10.3f %10.2f %11.2f %7s %11.2f %11s\n", mb, nb, tc * 1e3, ts * 1e3,
+               te * 1e3, "-", algbw, "0 (1 rank)");
       else
         printf("%9g %7d %10.2f %10.2f %11.2f %6.0f%% %11.2f %11.2f\n", mb, nb, tc * 1e3,
                ts * 1e3, te * 1e3, 100.0 * saved, algbw, busbw);

@@ -9,6 +9,12 @@
  * Once per epoch it also times the same step done the usual way, one optimizer
  * per tensor, on copies of the weights, to show what fusing buys.
  *
+ * Data parallel: under `mpirun -np N` (or with --dist) every rank trains on
+ * its 1/N of each global batch and steps with mtopt_dist_step, which averages
+ * the gradients over the ranks (MPI collectives on the CPU, NCCL on GPUs),
+ * bucket by bucket as backward produces them, fused with the update. The
+ * MPI/mtopt_dist calls are in dp.c.
+ *
  * Run with --help for the flags. docs/mnist.md has sample output. */
 #include <math.h>
 #include <stdio.h>
@@ -16,6 +22,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "dp.h"
 #include "idx.h"
 #include "mlp.h"
 #include "mtopt/mtopt.h"
@@ -46,6 +53,8 @@ typedef struct {
   int threads;      /* BLAS threads, 0 = OpenBLAS's default */
   int step_threads; /* mtopt CPU step threads, 0 = OpenMP's default */
   int graph;
+  int dist;       /* data parallel even at one process */
+  int zero_stage; /* data parallel: 0 all-reduce, 1 ZeRO-1 */
 } options_t;
 
 static void usage(FILE *f) {
@@ -55,7 +64,7 @@ static void usage(FILE *f) {
       "\n"
       "  --data DIR            IDX files (NAME.gz or NAME) [" DEFAULT_DATA_DIR "]\n"
       "  --epochs N            passes over the training set [5]\n"
-      "  --batch N             images per step [128]\n"
+      "  --batch N             images per step, over all ranks [128]\n"
       "  --optimizer NAME      adamw | sgd | lamb [adamw]\n"
       "  --lr X                peak learning rate [adamw 1e-3, sgd 0.05, lamb 5e-3]\n"
       "  --wd X                weight decay, not applied to biases\n"
@@ -79,7 +88,16 @@ static void usage(FILE *f) {
       "                        every epoch\n"
       "  --resume FILE         continue from a --save checkpoint, at the epoch after\n"
       "                        the one it was written at (same flags otherwise)\n"
-      "  --help                this text\n");
+      "  --help                this text\n"
+      "\n"
+      "Data parallel (a build with MPI): run under mpirun, e.g.\n"
+      "  mpirun -np 4 mnist_mlp            (GPUs: one per rank, NCCL;\n"
+      "                                     CPUs: add --cpu --threads 1)\n"
+      "Each rank takes 1/N of every batch; mtopt_dist averages the gradients\n"
+      "over the ranks in the fused step. Rank 0 prints and writes the files.\n"
+      "  --dist                data parallel even with one process\n"
+      "  --zero 0|1            0: all-reduce the gradients; 1: ZeRO-1 (each rank\n"
+      "                        keeps 1/N of the optimizer state; no --save) [0]\n");
 }
 
 static const char *need_value(int argc, char **argv, int *i) {
@@ -165,6 +183,10 @@ static options_t parse_options(int argc, char **argv) {
       o.save = need_value(argc, argv, &i);
     } else if (!strcmp(a, "--resume")) {
       o.resume = need_value(argc, argv, &i);
+    } else if (!strcmp(a, "--dist")) {
+      o.dist = 1;
+    } else if (!strcmp(a, "--zero")) {
+      o.zero_stage = (int)parse_int(a, need_value(argc, argv, &i), 0, 1);
     } else {
       fprintf(stderr, "error: unknown flag '%s'\n\n", a);
       usage(stderr);
@@ -234,12 +256,24 @@ static void pixel_stats(const idx_set_t *set, float *mean, float *std) {
   *std = (float)sqrt(fmax(s2 / (double)n - mu * mu, 1e-12));
 }
 
-static const mlp_ops_t *choose_backend(const options_t *o) {
+/* The backend, and on the GPU the device: with data parallel, one per rank
+ * of the node (the node-local rank, wrapped when CUDA_VISIBLE_DEVICES leaves
+ * each rank fewer devices than there are ranks). */
+static const mlp_ops_t *choose_backend(const options_t *o, const dp_t *dp, int *device) {
+  *device = 0;
 #ifdef MNIST_WITH_CUDA
-  const int gpu = mtopt_backend_available(MTOPT_BACKEND_CUDA) && mlp_cuda_device_count() > 0;
-  if (o->force == FORCE_GPU && !gpu)
+  const int count = mtopt_backend_available(MTOPT_BACKEND_CUDA) ? mlp_cuda_device_count() : 0;
+  if (o->force == FORCE_GPU && count == 0)
     MLP_DIE("--gpu: no usable CUDA device (mtopt_backend_available(CUDA) is false)");
-  if (o->force != FORCE_CPU && gpu) return &mlp_cuda_ops;
+  if (o->force != FORCE_CPU && count > 0) {
+#ifndef MTOPT_HAVE_NCCL
+    if (dp->on)
+      MLP_DIE("data parallel on GPUs needs NCCL, and this build has none (configure mtopt "
+              "with -DMTOPT_WITH_NCCL=ON, or use --cpu for MPI collectives)");
+#endif
+    *device = dp->local_rank % count;
+    return &mlp_cuda_ops;
+  }
 #else
   if (o->force == FORCE_GPU)
     MLP_DIE("--gpu: this build has no CUDA support (configure mtopt with -DMTOPT_WITH_CUDA=ON)");
@@ -260,11 +294,11 @@ static mtopt_optimizer_config_t optimizer_config(const options_t *o) {
   return c;
 }
 
-/* An optimizer over the given weights, with its gradients in the library's
- * contiguous buffer (grad = NULL); biases get no weight decay, as usual. */
-static mtopt_optimizer_t *make_optimizer(mtopt_context_t *ctx, const options_t *o,
-                                         float *const *param, const int64_t *numel, int first,
-                                         int count, mtopt_tensor_list_t **list_out) {
+/* The tensors param[first .. first+count), with their gradients in the
+ * library's contiguous buffer (grad = NULL: the distributed optimizer needs
+ * it, its buckets are ranges of it); biases get no weight decay, as usual. */
+static mtopt_tensor_list_t *make_list(mtopt_context_t *ctx, float *const *param,
+                                      const int64_t *numel, int first, int count) {
   static const char *names[MLP_TENSORS] = {"W1", "b1", "W2", "b2", "W3", "b3"};
   mtopt_tensor_list_t *list = NULL;
   MTOPT_CHECK(mtopt_tensor_list_create(ctx, &list));
@@ -277,10 +311,17 @@ static mtopt_optimizer_t *make_optimizer(mtopt_context_t *ctx, const options_t *
     d.name = names[t];
     MTOPT_CHECK(mtopt_tensor_list_add(list, &d, NULL));
   }
+  return list;
+}
+
+/* A plain (one-process) optimizer over those tensors. */
+static mtopt_optimizer_t *make_optimizer(mtopt_context_t *ctx, const options_t *o,
+                                         float *const *param, const int64_t *numel, int first,
+                                         int count, mtopt_tensor_list_t **list_out) {
+  *list_out = make_list(ctx, param, numel, first, count);
   const mtopt_optimizer_config_t cfg = optimizer_config(o);
   mtopt_optimizer_t *opt = NULL;
-  MTOPT_CHECK(mtopt_optimizer_create(ctx, list, &cfg, &opt));
-  *list_out = list;
+  MTOPT_CHECK(mtopt_optimizer_create(ctx, *list_out, &cfg, &opt));
   return opt;
 }
 
@@ -370,19 +411,71 @@ static void plot_loss(const char *png, const float *curve, int64_t first, int64_
   else printf("wrote %s\n", png);
 }
 
+/* ------------------------------------------------------- data parallel -- */
+
+/* Flags that data parallel changes the meaning of, checked once MPI is up
+ * (every rank finds the same errors: one message, a clean exit). */
+static void check_dist_options(const options_t *o, const dp_t *dp) {
+  if (o->zero_stage != 0 && !dp->on)
+    dp_die_all(dp, "--zero needs data parallel: run under mpirun -np N (N > 1), or add --dist");
+  if (dp->on && o->graph)
+    dp_die_all(dp, "--graph is not supported with data parallel (mtopt_dist_step issues "
+                   "collectives; it is not captured into a CUDA graph)");
+  if (dp->on && o->zero_stage == 1 && (o->save || o->resume))
+    dp_die_all(dp, "%s with --zero 1: each rank keeps only 1/%d of the optimizer state and "
+                   "mtopt_dist has no call that saves or loads it as a whole; use --zero 0",
+               o->save ? "--save" : "--resume", dp->world);
+}
+
+/* Rank r's share of a global batch of n images: [n r / world, n (r+1) / world),
+ * so shares differ by at most one image (and may be empty when n < world). */
+static void batch_share(const dp_t *dp, int n, int *lo, int *rows) {
+  *lo = (int)((int64_t)n * dp->rank / dp->world);
+  *rows = (int)((int64_t)n * (dp->rank + 1) / dp->world) - *lo;
+}
+
+/* Images in batch b of an epoch (the last one may be short). */
+static int batch_size(int64_t count, int batch, int64_t b) {
+  const int64_t left = count - b * batch;
+  return (int)(left < batch ? left : batch);
+}
+
+/* Test accuracy in %, each rank evaluating its share of the test split. */
+static double test_accuracy(mlp_t *m, dp_t *dp) {
+  const int64_t n = m->test->count;
+  const int64_t lo = n * dp->rank / dp->world, hi = n * (dp->rank + 1) / dp->world;
+  int64_t correct = hi > lo ? m->ops->evaluate(m, lo, hi - lo) : 0;
+  dp_sum_i64(dp, &correct, 1);
+  return 100.0 * (double)correct / (double)n;
+}
+
+/* Backward finished layer l (tensors 2l, 2l+1 and everything above):
+ * the buckets it completes start their all-reduce now. */
+static void grads_done(void *dp, int layer) { dp_tensors_done(dp, 2 * layer); }
+
 /* ----------------------------------------------------------------- main -- */
 
 int main(int argc, char **argv) {
   const options_t o = parse_options(argc, argv);
-  const mlp_ops_t *ops = choose_backend(&o);
+  /* Data parallel when mpirun started several processes (or --dist): MPI
+   * starts here. Only rank 0 talks; the others' errors still go to stderr. */
+  dp_t dp;
+  dp_start(&dp, &argc, &argv, o.dist);
+  if (dp.rank != 0 && !freopen("/dev/null", "w", stdout))
+    MLP_DIE("rank %d: cannot redirect stdout", dp.rank);
+  check_dist_options(&o, &dp);
+  dp.zero_stage = o.zero_stage;
+  const int lead = dp.rank == 0; /* writes the CSV, the plot, the checkpoints */
+  int device = 0;
+  const mlp_ops_t *ops = choose_backend(&o, &dp, &device);
 
   idx_set_t train = {0}, test = {0};
   load_data(o.data_dir, o.train_limit, &train, &test);
   const int64_t steps_per_epoch = (train.count + o.batch - 1) / o.batch;
   const int64_t total_steps = steps_per_epoch * o.epochs;
 
-  mlp_t m = {.ops = ops, .threads = o.threads, .use_graph = o.graph, .train = &train,
-             .test = &test};
+  mlp_t m = {.ops = ops, .threads = o.threads, .use_graph = o.graph, .device = device,
+             .train = &train, .test = &test};
   m.max_batch = o.batch > MLP_EVAL_BATCH ? o.batch : MLP_EVAL_BATCH;
   m.max_slots = steps_per_epoch;
   pixel_stats(&train, &m.mean, &m.std);
@@ -392,12 +485,14 @@ int main(int argc, char **argv) {
   /* The mtopt context: where the optimizer's state lives and its steps run. */
   mtopt_context_config_t ccfg = MTOPT_CONTEXT_CONFIG_INIT;
   ccfg.backend = ops->mtopt_backend;
+  ccfg.device = device;
   ccfg.num_threads = o.step_threads;
   mtopt_context_t *ctx = NULL;
   MTOPT_CHECK(mtopt_context_create(&ccfg, &ctx));
   ops->bind(&m, ctx);
 
-  /* He initialisation: W ~ N(0, 2 / fan_in), b = 0. */
+  /* He initialisation: W ~ N(0, 2 / fan_in), b = 0. Every rank draws the
+   * same numbers from --seed, so the ranks start from the same weights. */
   uint64_t rng = o.seed;
   for (int l = 0; l < MLP_LAYERS; l++) {
     const int fan_in = mlp_dims[l], out = mlp_dims[l + 1];
@@ -415,22 +510,36 @@ int main(int argc, char **argv) {
     free(w);
     free(b);
   }
+  int64_t num_params = 0;
+  for (int t = 0; t < MLP_TENSORS; t++) num_params += m.numel[t];
 
-  /* One optimizer over all six tensors; backward writes into its buffer. */
-  mtopt_tensor_list_t *list = NULL;
-  mtopt_optimizer_t *opt = make_optimizer(ctx, &o, m.param, m.numel, 0, MLP_TENSORS, &list);
-  for (int t = 0; t < MLP_TENSORS; t++)
-    MTOPT_CHECK(mtopt_optimizer_get_grad(opt, t, (void **)&m.grad[t]));
+  /* One optimizer over all six tensors; backward writes into its gradient
+   * buffer. Data parallel: the distributed optimizer, whose inner optimizer
+   * takes the lr, gives the step info and saves checkpoints like the plain
+   * one; backward tells it when each bucket's gradients are complete. */
+  mtopt_tensor_list_t *list = make_list(ctx, m.param, m.numel, 0, MLP_TENSORS);
+  const mtopt_optimizer_config_t cfg = optimizer_config(&o);
+  mtopt_optimizer_t *opt = NULL;
+  if (dp.on) {
+    opt = dp_optimizer_create(&dp, ctx, list, &cfg, m.grad, MLP_TENSORS);
+    m.grads_done = grads_done;
+    m.grads_done_arg = &dp;
+  } else {
+    MTOPT_CHECK(mtopt_optimizer_create(ctx, list, &cfg, &opt));
+    for (int t = 0; t < MLP_TENSORS; t++)
+      MTOPT_CHECK(mtopt_optimizer_get_grad(opt, t, (void **)&m.grad[t]));
+  }
   const int scale_on_device = o.dynamic_loss_scale && ops->use_dynamic_scale(&m, opt);
   mtopt_optimizer_info_t info = MTOPT_OPTIMIZER_INFO_INIT;
   MTOPT_CHECK(mtopt_optimizer_get_info(opt, &info));
 
-  compare_t cmp;
-  compare_create(&cmp, &m, ctx, &o);
+  compare_t cmp; /* rank 0 only: it prints the timings */
+  if (lead) compare_create(&cmp, &m, ctx, &o);
 
   /* Resuming: the checkpoint holds the weights, the optimizer state and the
    * step count; the epoch to continue at follows from the count (skipped
-   * steps count too: they used a batch). */
+   * steps count too: they used a batch). Data parallel (ZeRO stage 0): rank
+   * 0 wrote it and every rank loads it. */
   int first_epoch = 1;
   if (o.resume) {
     MTOPT_CHECK(mtopt_optimizer_load(opt, o.resume));
@@ -449,23 +558,35 @@ int main(int argc, char **argv) {
   printf("mtopt %s | backend %s%s | data %s (%lld train, %lld test)\n", mtopt_version_string(),
          ops->name, o.graph ? " + CUDA graph" : "", o.data_dir, (long long)train.count,
          (long long)test.count);
-  printf("model 784-512-256-10: %lld parameters in %lld tensors, %lld chunks, "
-         "%d launch(es) per step\n",
-         (long long)info.total_numel, (long long)info.num_tensors, (long long)info.num_chunks,
+  if (dp.on)
+    printf("data parallel: %d rank(s), %s over %s, %d buckets; each rank takes 1/%d of "
+           "every batch\n",
+           dp.world, dp.zero_stage ? "ZeRO-1 (reduce-scatter, all-gather)" : "all-reduce",
+           ops->mtopt_backend == MTOPT_BACKEND_CUDA ? "NCCL" : "MPI", dp_bucket_count(&dp),
+           dp.world);
+  printf("model 784-512-256-10: %lld parameters in %d tensors; the step: %lld parameters%s, "
+         "%lld chunks, %d launch(es)\n",
+         (long long)num_params, MLP_TENSORS, (long long)info.total_numel,
+         dp.zero_stage ? " (this rank's shard)" : "", (long long)info.num_chunks,
          info.launches_per_step);
   printf("%s lr %g (%s) wd %g | batch %d | epochs %d | seed %llu%s%s\n", kind_names[o.kind],
          o.lr, o.cosine ? "cosine" : "constant", o.wd, o.batch, o.epochs,
          (unsigned long long)o.seed, o.clip > 0.0f ? " | clip" : "",
          o.dynamic_loss_scale ? " | dynamic loss scale" : o.loss_scale != 1.0f ? " | loss scale" : "");
   if (o.resume) printf("resumed from %s after epoch %d\n", o.resume, first_epoch - 1);
-  printf("step_ms: mean fused step while training; fused_ms / loop_ms: one fused step\n"
-         "vs one optimizer per tensor, alternated on copies of the weights (%d steps)\n",
+  if (dp.on)
+    printf("step_ms: mean time in mtopt_dist_step after backward (buckets marked ready\n"
+           "during backward are reduced, and stepped, from there on)\n");
+  else
+    printf("step_ms: mean fused step while training\n");
+  printf("fused_ms / loop_ms: one fused step vs one optimizer per tensor, alternated on\n"
+         "copies of the weights (%d steps)\n",
          COMPARE_STEPS);
   printf("%5s %10s %9s %9s %9s %8s %9s %9s\n", "epoch", "train_loss", "train_acc", "test_acc",
          "images/s", "step_ms", "fused_ms", "loop_ms");
 
   FILE *csv = NULL;
-  if (o.csv) {
+  if (o.csv && lead) {
     csv = fopen(o.csv, "w");
     if (!csv) MLP_DIE("cannot write %s", o.csv);
     fprintf(csv, "step,loss\n");
@@ -474,13 +595,15 @@ int main(int argc, char **argv) {
   int32_t *perm = malloc((size_t)train.count * sizeof(int32_t));
   float *slot_loss = malloc((size_t)steps_per_epoch * sizeof(float));
   int32_t *slot_correct = malloc((size_t)steps_per_epoch * sizeof(int32_t));
-  if (!curve || !perm || !slot_loss || !slot_correct) MLP_DIE("out of host memory");
+  double *step_loss = malloc((size_t)steps_per_epoch * sizeof(double));
+  if (!curve || !perm || !slot_loss || !slot_correct || !step_loss)
+    MLP_DIE("out of host memory");
   for (int64_t i = 0; i < train.count; i++) perm[i] = (int32_t)i;
 
   double test_acc = 0.0;
   int64_t step = 0;
   for (int epoch = 1; epoch <= o.epochs; epoch++) {
-    shuffle(perm, train.count, &rng);
+    shuffle(perm, train.count, &rng); /* the same order on every rank */
     if (epoch < first_epoch) { /* done before the checkpoint: keep the RNG in step */
       step += steps_per_epoch;
       continue;
@@ -489,8 +612,9 @@ int main(int argc, char **argv) {
     double step_time = 0.0;
     const double t_epoch = now_s();
     for (int64_t b = 0; b < steps_per_epoch; b++, step++) {
-      const int64_t first = b * o.batch;
-      const int n = (int)(train.count - first < o.batch ? train.count - first : o.batch);
+      const int n = batch_size(train.count, o.batch, b);
+      int lo = 0, rows = 0;
+      batch_share(&dp, n, &lo, &rows);
       if (o.cosine) {
         const double lr = 0.5 * o.lr * (1.0 + cos(M_PI * (double)step / (double)total_steps));
         MTOPT_CHECK(mtopt_optimizer_set_lr(opt, (float)lr));
@@ -504,38 +628,59 @@ int main(int argc, char **argv) {
         MTOPT_CHECK(mtopt_optimizer_get_step_info(opt, &si));
         scale = si.loss_scale;
       }
-      ops->train_batch(&m, first, n, scale, b);
+      /* ZeRO-1 stages its all-gather in the gradient buffer, which is
+       * undefined after a step: zero it before backward, as mtopt_dist.h asks. */
+      if (dp.zero_stage == 1) dp_zero_grad(&dp);
+      /* Each rank's gradient is of its rows' summed loss / (n / world): the
+       * ranks' average, which mtopt_dist_step takes, is then the gradient of
+       * the mean loss over all n images, as one process computes it. */
+      if (rows > 0)
+        ops->train_batch(&m, b * o.batch + lo, rows, (float)n / (float)dp.world, scale, b);
+      else
+        dp_zero_grad(&dp); /* fewer images than ranks: this one adds nothing */
       ops->synchronize(&m); /* so the timer sees the step alone */
       const double t0 = now_s();
-      ops->optimizer_step(&m, opt);
+      if (dp.on)
+        dp_step(&dp);
+      else
+        ops->optimizer_step(&m, opt);
       ops->synchronize(&m);
       step_time += now_s() - t0;
     }
+    dp_synchronize(&dp); /* reports asynchronous NCCL errors */
     const double train_time = now_s() - t_epoch;
 
+    /* Each step's loss over the whole batch and the correct count: every
+     * rank weighs its mean loss by its rows, and the ranks' sums add up. */
     ops->read_slots(&m, steps_per_epoch, slot_loss, slot_correct);
-    double loss_sum = 0.0;
     int64_t correct = 0;
     for (int64_t b = 0; b < steps_per_epoch; b++) {
-      const int64_t s = (epoch - 1) * steps_per_epoch + b;
-      curve[s] = slot_loss[b];
-      if (csv) fprintf(csv, "%lld,%.6g\n", (long long)s + 1, slot_loss[b]);
-      loss_sum += slot_loss[b];
-      correct += slot_correct[b];
+      int lo = 0, rows = 0;
+      batch_share(&dp, batch_size(train.count, o.batch, b), &lo, &rows);
+      step_loss[b] = rows > 0 ? (double)slot_loss[b] * rows : 0.0;
+      correct += rows > 0 ? slot_correct[b] : 0;
     }
-    test_acc = 100.0 * (double)ops->evaluate(&m) / (double)test.count;
+    dp_sum_f64(&dp, step_loss, (int)steps_per_epoch);
+    dp_sum_i64(&dp, &correct, 1);
+    double loss_sum = 0.0;
+    for (int64_t b = 0; b < steps_per_epoch; b++) {
+      const int64_t s = (epoch - 1) * steps_per_epoch + b;
+      curve[s] = (float)(step_loss[b] / batch_size(train.count, o.batch, b));
+      if (csv) fprintf(csv, "%lld,%.6g\n", (long long)s + 1, curve[s]);
+      loss_sum += curve[s];
+    }
+    test_acc = test_accuracy(&m, &dp);
     double fused_ms = 0.0, loop_ms = 0.0;
-    compare_time(&cmp, &m, &fused_ms, &loop_ms);
+    if (lead) compare_time(&cmp, &m, &fused_ms, &loop_ms);
     printf("%5d %10.4f %8.2f%% %8.2f%% %9.0f %8.3f %9.3f %9.3f\n", epoch,
            loss_sum / (double)steps_per_epoch, 100.0 * (double)correct / (double)train.count,
            test_acc, (double)train.count / train_time, 1e3 * step_time / steps_per_epoch,
            fused_ms, loop_ms);
     fflush(stdout);
-    if (o.save) MTOPT_CHECK(mtopt_optimizer_save(opt, o.save));
+    if (o.save && lead) MTOPT_CHECK(mtopt_optimizer_save(opt, o.save));
   }
-  if (first_epoch > o.epochs) { /* the checkpoint was already at the end */
-    test_acc = 100.0 * (double)ops->evaluate(&m) / (double)test.count;
-  }
+  if (first_epoch > o.epochs) /* the checkpoint was already at the end */
+    test_acc = test_accuracy(&m, &dp);
   if (o.save) printf("saved %s\n", o.save);
 
   mtopt_step_info_t si = MTOPT_STEP_INFO_INIT;
@@ -547,19 +692,23 @@ int main(int argc, char **argv) {
     if (fclose(csv) != 0) MLP_DIE("error writing %s", o.csv);
     printf("wrote %s\n", o.csv);
   }
-  if (o.plot) {
+  if (o.plot && lead) {
     char title[256];
-    snprintf(title, sizeof title, "mnist_mlp: %s on %s, test accuracy %.2f%%", kind_names[o.kind],
-             ops->name, test_acc);
+    snprintf(title, sizeof title, "mnist_mlp: %s on %s%s, test accuracy %.2f%%",
+             kind_names[o.kind], ops->name, dp.on ? " (data parallel)" : "", test_acc);
     const int64_t first_step = (first_epoch - 1) * steps_per_epoch;
     if (first_step < total_steps)
       plot_loss(o.plot, curve, first_step, total_steps - first_step, title);
   }
   printf("test accuracy: %.2f%%\n", test_acc);
 
-  /* The context enqueues on the backend's stream: destroy it first. */
-  compare_destroy(&cmp, &m);
-  MTOPT_CHECK(mtopt_optimizer_destroy(opt));
+  /* The context enqueues on the backend's stream: destroy it first. The
+   * distributed optimizer owns the inner one; MPI is finalised after it. */
+  if (lead) compare_destroy(&cmp, &m);
+  if (dp.on)
+    dp_finish(&dp);
+  else
+    MTOPT_CHECK(mtopt_optimizer_destroy(opt));
   MTOPT_CHECK(mtopt_tensor_list_destroy(list));
   for (int t = 0; t < MLP_TENSORS; t++) ops->release(&m, m.param[t]);
   MTOPT_CHECK(mtopt_context_destroy(ctx));
@@ -568,6 +717,7 @@ int main(int argc, char **argv) {
   free(perm);
   free(slot_loss);
   free(slot_correct);
+  free(step_loss);
   idx_free(&train);
   idx_free(&test);
   return 0;

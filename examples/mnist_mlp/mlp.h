@@ -8,7 +8,7 @@
  * The backends never own parameters or gradients: main.c allocates the
  * weights through ops->alloc and hands the backend the gradient views of the
  * optimizer's contiguous buffer, so backward writes straight into what
- * mtopt_optimizer_step reads. */
+ * mtopt_optimizer_step (or mtopt_dist_step) reads. */
 #ifndef MNIST_MLP_H
 #define MNIST_MLP_H
 
@@ -58,15 +58,22 @@ typedef struct {
   void (*set_data)(mlp_t *m, const idx_set_t *train, const idx_set_t *test);
   /* This epoch's order of the training images (n indices). */
   void (*set_order)(mlp_t *m, const int32_t *perm, int64_t n);
-  /* Forward and backward on training images perm[first .. first+n): writes
-   * every gradient (no accumulation, so no zeroing is needed), the mean loss
-   * into loss slot `slot` and the number of correct predictions into its
-   * correct slot. The gradient is of loss_scale * mean loss. */
-  void (*train_batch)(mlp_t *m, int64_t first, int n, float loss_scale, int64_t slot);
+  /* Forward and backward on training images perm[first .. first+n), n >= 1:
+   * writes every gradient (no accumulation, so no zeroing is needed), the
+   * mean loss of the n images into loss slot `slot` and the number of correct
+   * predictions into its correct slot. The gradient is of
+   *   loss_scale * (sum of the n images' losses) / mean_rows:
+   * mean_rows = n gives the batch mean; data parallel passes
+   * global batch / world, so that the ranks' averaged gradient is the mean
+   * over the global batch. After each layer's gradients are written (and its
+   * weights no longer read), calls m->grads_done if set. */
+  void (*train_batch)(mlp_t *m, int64_t first, int n, float mean_rows, float loss_scale,
+                      int64_t slot);
   /* Copies slots [0, n) to the host (waits for the work). */
   void (*read_slots)(mlp_t *m, int64_t n, float *loss, int32_t *correct);
-  /* Correct predictions on the whole test split (waits for the work). */
-  int64_t (*evaluate)(mlp_t *m);
+  /* Correct predictions on test images [first, first + n) (waits for the
+   * work). */
+  int64_t (*evaluate)(mlp_t *m, int64_t first, int64_t n);
   void (*synchronize)(mlp_t *m);
   /* mtopt_optimizer_step(opt), or on CUDA with m->use_graph, a replay of a
    * CUDA graph of it (captured on the first call). */
@@ -79,6 +86,12 @@ struct mlp {
   int64_t max_slots;
   int threads;   /* CPU: BLAS threads, 0 = the library's default */
   int use_graph; /* CUDA: replay the optimizer step from a graph */
+  int device;    /* CUDA: the device ordinal */
+  /* Called by backward once layer `layer`'s gradients (tensors 2 layer and
+   * 2 layer + 1) are written and its weights are no longer read: data
+   * parallel starts reducing finished buckets there. NULL: not called. */
+  void (*grads_done)(void *arg, int layer);
+  void *grads_done_arg;
   float mean, std;
   float *param[MLP_TENSORS]; /* W1 b1 W2 b2 W3 b3, in the backend's memory */
   float *grad[MLP_TENSORS];  /* views into the optimizer's gradient buffer */

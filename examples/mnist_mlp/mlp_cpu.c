@@ -109,17 +109,17 @@ static void forward(mlp_t *m, cpu_state_t *s, int n) {
   }
 }
 
-/* Mean loss over the batch; writes dlogits (scaled by grad_scale / n) when
- * asked. */
-static float loss_and_grad(cpu_state_t *s, int n, float loss_scale, int want_grad,
-                           int32_t *correct_out) {
+/* Mean loss over the batch; writes dlogits, the gradient of loss_scale *
+ * (sum of the rows' losses) / mean_rows, when asked. */
+static float loss_and_grad(cpu_state_t *s, int n, float mean_rows, float loss_scale,
+                           int want_grad, int32_t *correct_out) {
   const float *z = s->h[MLP_LAYERS - 1];
   float *dz = s->dh[MLP_LAYERS - 1];
   double sum = 0.0;
   int32_t correct = 0;
   for (int i = 0; i < n; i++) {
     int ok = 0;
-    sum += mlp_xent_row(z + i * MLP_CLASSES, s->y[i], loss_scale / (float)n,
+    sum += mlp_xent_row(z + i * MLP_CLASSES, s->y[i], loss_scale / mean_rows,
                         want_grad ? dz + i * MLP_CLASSES : NULL, &ok);
     correct += ok;
   }
@@ -141,21 +141,26 @@ static void backward(mlp_t *m, cpu_state_t *s, int n) {
     for (int j = 0; j < out; j++) db[j] = 0.0f;
     for (int i = 0; i < n; i++)
       for (int j = 0; j < out; j++) db[j] += dh[(int64_t)i * out + j];
-    if (l == 0) break; /* nobody needs the gradient of the input */
-    /* d(in) = dh W, then through the ReLU that produced `in` */
-    float *din = s->dh[l - 1];
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, fan_in, out, 1.0f, dh, out,
-                m->param[2 * l], fan_in, 0.0f, din, fan_in);
-    for (int64_t k = 0; k < (int64_t)n * fan_in; k++)
-      if (in[k] <= 0.0f) din[k] = 0.0f;
+    if (l > 0) { /* nobody needs the gradient of the input */
+      /* d(in) = dh W, then through the ReLU that produced `in` */
+      float *din = s->dh[l - 1];
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, fan_in, out, 1.0f, dh, out,
+                  m->param[2 * l], fan_in, 0.0f, din, fan_in);
+      for (int64_t k = 0; k < (int64_t)n * fan_in; k++)
+        if (in[k] <= 0.0f) din[k] = 0.0f;
+    }
+    /* Only now: W of this layer was read just above, and whoever is told may
+     * update it. */
+    if (m->grads_done) m->grads_done(m->grads_done_arg, l);
   }
 }
 
-static void cpu_train_batch(mlp_t *m, int64_t first, int n, float loss_scale, int64_t slot) {
+static void cpu_train_batch(mlp_t *m, int64_t first, int n, float mean_rows, float loss_scale,
+                            int64_t slot) {
   cpu_state_t *s = m->impl;
   gather(m, s->train, s->perm, first, n, s->x, s->y);
   forward(m, s, n);
-  s->loss[slot] = loss_and_grad(s, n, loss_scale, 1, &s->correct[slot]);
+  s->loss[slot] = loss_and_grad(s, n, mean_rows, loss_scale, 1, &s->correct[slot]);
   backward(m, s, n);
 }
 
@@ -165,16 +170,16 @@ static void cpu_read_slots(mlp_t *m, int64_t n, float *loss, int32_t *correct) {
   memcpy(correct, s->correct, (size_t)n * sizeof(int32_t));
 }
 
-static int64_t cpu_evaluate(mlp_t *m) {
+static int64_t cpu_evaluate(mlp_t *m, int64_t begin, int64_t count) {
   cpu_state_t *s = m->impl;
   int64_t total = 0;
-  for (int64_t first = 0; first < s->test->count; first += m->max_batch) {
-    const int64_t left = s->test->count - first;
+  for (int64_t first = begin; first < begin + count; first += m->max_batch) {
+    const int64_t left = begin + count - first;
     const int n = left < m->max_batch ? (int)left : m->max_batch;
     int32_t correct = 0;
     gather(m, s->test, NULL, first, n, s->x, s->y);
     forward(m, s, n);
-    loss_and_grad(s, n, 1.0f, 0, &correct);
+    loss_and_grad(s, n, (float)n, 1.0f, 0, &correct);
     total += correct;
   }
   return total;

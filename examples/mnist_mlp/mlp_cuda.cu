@@ -97,16 +97,17 @@ __global__ void bias_grad_kernel(const float *dh, int n, int cols, float *db) {
 /* Softmax cross-entropy of a batch in one block: each thread takes rows
  * tid, tid + XENT_THREADS, ..., then a fixed-order tree sums the losses and
  * the correct counts (deterministic). Writes the mean loss to *loss_out and
- * the count to *correct_out; with dz, the gradient of scale * mean loss, the
- * scale read from *device_scale when that is given (dynamic loss scaling:
- * the optimizer's own value, no host round trip). */
-__global__ void xent_kernel(const float *z, const int32_t *y, int n, float scale,
-                            const float *device_scale, float *dz, float *loss_out,
-                            int32_t *correct_out) {
+ * the count to *correct_out; with dz, the gradient of
+ * scale * (sum of the losses) / mean_rows, the scale read from *device_scale
+ * when that is given (dynamic loss scaling: the optimizer's own value, no
+ * host round trip). */
+__global__ void xent_kernel(const float *z, const int32_t *y, int n, float mean_rows,
+                            float scale, const float *device_scale, float *dz,
+                            float *loss_out, int32_t *correct_out) {
   __shared__ float loss_sh[XENT_THREADS];
   __shared__ int correct_sh[XENT_THREADS];
   const int tid = threadIdx.x;
-  const float grad_scale = (device_scale ? *device_scale : scale) / (float)n;
+  const float grad_scale = (device_scale ? *device_scale : scale) / mean_rows;
   float loss = 0.0f;
   int correct = 0;
   for (int i = tid; i < n; i += XENT_THREADS) {
@@ -149,7 +150,7 @@ static T *device_alloc(cuda_state_t *s, int64_t count) {
 static void cuda_init(mlp_t *m) {
   cuda_state_t *s = (cuda_state_t *)calloc(1, sizeof *s);
   if (!s) MLP_DIE("out of host memory");
-  CUDA_CHECK(cudaSetDevice(0));
+  CUDA_CHECK(cudaSetDevice(m->device));
   CUDA_CHECK(cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking));
   CUBLAS_CHECK(cublasCreate(&s->blas));
   CUBLAS_CHECK(cublasSetStream(s->blas, s->stream));
@@ -276,25 +277,31 @@ static void backward(mlp_t *m, int n) {
     bias_grad_kernel<<<blocks_for(out, THREADS), THREADS, 0, s->stream>>>(
         s->dh[l], n, out, m->grad[2 * l + 1]);
     KERNEL_CHECK();
-    if (l == 0) break; /* nobody needs the gradient of the input */
-    /* row-major d(in)[n][fan_in] = dh W, then through the ReLU */
-    CUBLAS_CHECK(cublasSgemm(s->blas, CUBLAS_OP_N, CUBLAS_OP_N, fan_in, n, out, &one,
-                             m->param[2 * l], fan_in, s->dh[l], out, &zero, s->dh[l - 1],
-                             fan_in));
-    const int64_t count = (int64_t)n * fan_in;
-    relu_backward_kernel<<<blocks_for(count, THREADS), THREADS, 0, s->stream>>>(
-        s->dh[l - 1], in, count);
-    KERNEL_CHECK();
+    if (l > 0) { /* nobody needs the gradient of the input */
+      /* row-major d(in)[n][fan_in] = dh W, then through the ReLU */
+      CUBLAS_CHECK(cublasSgemm(s->blas, CUBLAS_OP_N, CUBLAS_OP_N, fan_in, n, out, &one,
+                               m->param[2 * l], fan_in, s->dh[l], out, &zero, s->dh[l - 1],
+                               fan_in));
+      const int64_t count = (int64_t)n * fan_in;
+      relu_backward_kernel<<<blocks_for(count, THREADS), THREADS, 0, s->stream>>>(
+          s->dh[l - 1], in, count);
+      KERNEL_CHECK();
+    }
+    /* The layer's work is enqueued; whatever grads_done enqueues on our
+     * stream (a bucket's all-reduce, its step) runs after it. */
+    if (m->grads_done) m->grads_done(m->grads_done_arg, l);
   }
 }
 
-static void cuda_train_batch(mlp_t *m, int64_t first, int n, float loss_scale, int64_t slot) {
+static void cuda_train_batch(mlp_t *m, int64_t first, int n, float mean_rows,
+                             float loss_scale, int64_t slot) {
   cuda_state_t *s = state(m);
   gather(m, s->train_px, s->train_lb, s->perm, first, n);
   forward(m, n);
-  xent_kernel<<<1, XENT_THREADS, 0, s->stream>>>(s->h[MLP_LAYERS - 1], s->y, n, loss_scale,
-                                                 s->dynamic_scale, s->dh[MLP_LAYERS - 1],
-                                                 s->loss + slot, s->correct + slot);
+  xent_kernel<<<1, XENT_THREADS, 0, s->stream>>>(s->h[MLP_LAYERS - 1], s->y, n, mean_rows,
+                                                 loss_scale, s->dynamic_scale,
+                                                 s->dh[MLP_LAYERS - 1], s->loss + slot,
+                                                 s->correct + slot);
   KERNEL_CHECK();
   backward(m, n);
 }
@@ -308,25 +315,27 @@ static void cuda_read_slots(mlp_t *m, int64_t n, float *loss, int32_t *correct) 
   CUDA_CHECK(cudaStreamSynchronize(s->stream));
 }
 
-static int64_t cuda_evaluate(mlp_t *m) {
+static int64_t cuda_evaluate(mlp_t *m, int64_t begin, int64_t count) {
   cuda_state_t *s = state(m);
-  for (int64_t b = 0; b < s->eval_slots; b++) {
-    const int64_t first = b * m->max_batch, left = s->test_n - first;
+  /* count <= test_n, so eval_slots (made for the whole split) is enough. */
+  const int64_t batches = (count + m->max_batch - 1) / m->max_batch;
+  for (int64_t b = 0; b < batches; b++) {
+    const int64_t first = begin + b * m->max_batch, left = begin + count - first;
     const int n = left < m->max_batch ? (int)left : m->max_batch;
     gather(m, s->test_px, s->test_lb, NULL, first, n);
     forward(m, n);
-    xent_kernel<<<1, XENT_THREADS, 0, s->stream>>>(s->h[MLP_LAYERS - 1], s->y, n, 1.0f, NULL,
-                                                   NULL, s->eval_loss + b,
+    xent_kernel<<<1, XENT_THREADS, 0, s->stream>>>(s->h[MLP_LAYERS - 1], s->y, n, (float)n,
+                                                   1.0f, NULL, NULL, s->eval_loss + b,
                                                    s->eval_correct + b);
     KERNEL_CHECK();
   }
-  int32_t *correct = (int32_t *)malloc((size_t)s->eval_slots * sizeof(int32_t));
+  int32_t *correct = (int32_t *)malloc((size_t)(batches > 0 ? batches : 1) * sizeof(int32_t));
   if (!correct) MLP_DIE("out of host memory");
-  CUDA_CHECK(cudaMemcpyAsync(correct, s->eval_correct, (size_t)s->eval_slots * sizeof(int32_t),
+  CUDA_CHECK(cudaMemcpyAsync(correct, s->eval_correct, (size_t)batches * sizeof(int32_t),
                              cudaMemcpyDeviceToHost, s->stream));
   CUDA_CHECK(cudaStreamSynchronize(s->stream));
   int64_t total = 0;
-  for (int64_t b = 0; b < s->eval_slots; b++) total += correct[b];
+  for (int64_t b = 0; b < batches; b++) total += correct[b];
   free(correct);
   return total;
 }

@@ -66,6 +66,7 @@ struct mtopt_dist_optimizer {
   int next_start, next_done; /* buckets [0, next_start) issued, [0, next_done) stepped */
   MPI_Request *req;          /* per bucket: its reduction (CPU) */
   MPI_Request *ag_req;       /* per bucket: its all-gather (CPU, ZeRO-1) */
+  mtopt__nccl_events_t *ev;  /* NCCL, per bucket: its collective has landed */
   int broken;
 };
 
@@ -429,13 +430,17 @@ static mtopt_status_t check_plan_across_ranks(mtopt_dist_optimizer_t *d, const c
     st = allreduce_max_i64(c, r, (int)(2 * nrec * nmin), "mtopt_dist_optimizer_create (plan check)");
   if (st == MTOPT_STATUS_SUCCESS) {
     static const char *const rec_names[4] = {"numel", "gradient offset", "group", "flags"};
+    /* Causes before consequences: a size, group or flags difference is named
+     * before any gradient offset, because offsets follow from the sizes (with
+     * ZeRO-1 one extra element in tensor 3 can move tensor 0's offset). */
+    static const int order[4] = {0, 2, 3, 1};
     int64_t bad = -1;
     int field = 0;
-    for (int64_t i = 0; i < nmin && bad < 0 && nmin * 2 * nrec <= INT_MAX; i++)
-      for (int k = 0; k < nrec; k++)
-        if (r[i * nrec + k] != -r[nmin * nrec + i * nrec + k]) {
+    for (int o = 0; o < nrec && bad < 0 && nmin * 2 * nrec <= INT_MAX; o++)
+      for (int64_t i = 0; i < nmin; i++)
+        if (r[i * nrec + order[o]] != -r[nmin * nrec + i * nrec + order[o]]) {
           bad = i;
-          field = k;
+          field = order[o];
           break;
         }
     if (bad >= 0) {
@@ -472,6 +477,9 @@ static void dist_free(mtopt_dist_optimizer_t *d) {
   if (d->zero && d->gbuf) ctx->ops->release(ctx, d->gbuf);
   if (d->shard) ctx->ops->release(ctx, d->shard);
   if (d->stats_sum) ctx->ops->release(ctx, d->stats_sum);
+#ifdef MTOPT_HAVE_NCCL
+  if (d->ev) mtopt__nccl_events_destroy(d->ev);
+#endif
   free(d->b);
   free(d->goff);
   free(d->numel);
@@ -697,6 +705,9 @@ mtopt_status_t mtopt_dist_optimizer_create(mtopt_comm_t *comm, mtopt_tensor_list
       goto fail;
     }
   }
+#ifdef MTOPT_HAVE_NCCL
+  if (comm->nccl) CHECK_GOTO(mtopt__nccl_events_create(comm->nccl, d->nb, &d->ev), st, fail);
+#endif
   /* Every rank reaches this point with the same arguments (or fails above on
    * every rank alike), so the check's collectives always match. */
   CHECK_GOTO(check_plan_across_ranks(d, fn), st, fail);
@@ -728,7 +739,17 @@ mtopt_status_t mtopt_dist_optimizer_destroy(mtopt_dist_optimizer_t *d) {
     }
   }
 #ifdef MTOPT_HAVE_NCCL
-  if (d->comm->nccl) st = mtopt__nccl_synchronize(d->comm->nccl);
+  if (d->comm->nccl) {
+    const mtopt_status_t sst = mtopt__nccl_synchronize(d->comm->nccl);
+    /* An owned communicator that failed was aborted, so its kernels stopped
+     * and the buffers can go. A caller's is never aborted here: its kernels
+     * may still write our buffers (and cudaFree would wait for them forever).
+     * A failure that an earlier call already reported is not reported again. */
+    if (sst != MTOPT_STATUS_SUCCESS) {
+      if (mtopt__nccl_is_wrapped(d->comm->nccl)) pending++;
+      if (!d->broken) st = sst;
+    }
+  }
 #endif
   d->comm->users--;
   if (d->zero) d->list->users--;
@@ -743,9 +764,9 @@ mtopt_status_t mtopt_dist_optimizer_destroy(mtopt_dist_optimizer_t *d) {
     d->stats_sum = NULL;
     dist_free(d);
     return mtopt__error(ctx, MTOPT_STATUS_COMM_ERROR,
-                        "mtopt_dist_optimizer_destroy: %d collectives never finished; their "
+                        "mtopt_dist_optimizer_destroy: %d collective%s never finished; their "
                         "buffers are leaked rather than freed",
-                        pending);
+                        pending, pending == 1 ? "" : "s");
   }
   dist_free(d);
   return st;
@@ -922,15 +943,15 @@ static mtopt_status_t start_reduce(mtopt_dist_optimizer_t *d, int k) {
   static const char what[] = "mtopt_dist: bucket reduction";
 #ifdef MTOPT_HAVE_NCCL
   if (d->comm->nccl) {
+    /* The communication stream already waits for the gradients (progress);
+     * the pass that reads this bucket waits for event k (dist_step). */
     mtopt__nccl_t *n = d->comm->nccl;
-    CHECK(mtopt__nccl_comm_wait_compute(n));
     if (d->zero)
       CHECK(mtopt__nccl_reduce_scatter_avg_f32(n, d->gbuf + b->offset, d->shard + b->shard_off,
                                                 b->slice));
     else
       CHECK(mtopt__nccl_allreduce_avg_f32(n, d->gbuf + b->offset, b->numel));
-    CHECK(mtopt__nccl_compute_wait_comm(n));
-    return after_reduce(d, k);
+    return mtopt__nccl_record(d->ev, k);
   }
 #endif
   int rc;
@@ -948,13 +969,28 @@ static mtopt_status_t start_reduce(mtopt_dist_optimizer_t *d, int k) {
  * issue collectives in the same order), then (CPU) steps the ones that have
  * landed, in order, without blocking. */
 static mtopt_status_t progress(mtopt_dist_optimizer_t *d) {
+#ifdef MTOPT_HAVE_NCCL
+  /* CUDA: only the collectives are enqueued here; the passes are enqueued by
+   * mtopt_dist_step, each after its bucket's event. Enqueuing a bucket's pass
+   * now would put it on the context's stream ahead of the rest of backward,
+   * which would then wait for this bucket's communication. One wait per call,
+   * recorded before anything of ours goes on the context's stream: the
+   * collectives wait for the gradients written so far, never for our passes. */
+  if (d->comm->nccl) {
+    if (d->next_start < d->nb && d->marked[d->next_start]) {
+      CHECK(mtopt__nccl_check(d->comm->nccl, "mtopt_dist: bucket reduction"));
+      CHECK(mtopt__nccl_comm_wait_compute(d->comm->nccl));
+    }
+    while (d->next_start < d->nb && d->marked[d->next_start]) {
+      CHECK(start_reduce(d, d->next_start));
+      d->next_start++;
+    }
+    return MTOPT_STATUS_SUCCESS;
+  }
+#endif
   while (d->next_start < d->nb && d->marked[d->next_start]) {
     CHECK(start_reduce(d, d->next_start));
     d->next_start++;
-  }
-  if (d->comm->nccl) {
-    d->next_done = d->next_start; /* enqueued with their steps */
-    return MTOPT_STATUS_SUCCESS;
   }
   while (d->next_done < d->next_start) {
     int done = 0;
@@ -1066,6 +1102,18 @@ static mtopt_status_t dist_step(mtopt_dist_optimizer_t *d) {
   mtopt_context_t *ctx = d->ctx;
   for (int k = 0; k < d->nb; k++) d->marked[k] = 1;
   CHECK(progress(d));
+#ifdef MTOPT_HAVE_NCCL
+  /* CUDA: every collective is enqueued; each bucket's pass waits for its own
+   * collective only, so it runs while the later buckets are communicated. */
+  if (d->comm->nccl) {
+    for (; d->next_done < d->nb; d->next_done++) {
+      /* Waited for even where the range is empty: the context's stream ends
+       * up ordered after every collective of the step. */
+      CHECK(mtopt__nccl_compute_wait(d->ev, d->next_done));
+      CHECK(after_reduce(d, d->next_done));
+    }
+  }
+#endif
   /* CPU: wait for the rest in order, stepping each as it lands. */
   while (d->next_done < d->nb) {
     char what[64];

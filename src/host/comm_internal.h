@@ -12,6 +12,7 @@
 #define MTOPT__NCCL_ID_BYTES 128
 
 typedef struct mtopt__nccl mtopt__nccl_t;
+typedef struct mtopt__nccl_events mtopt__nccl_events_t;
 
 #ifdef MTOPT_HAVE_NCCL
 /* rank 0: a fresh unique id into id[MTOPT__NCCL_ID_BYTES]. */
@@ -32,6 +33,22 @@ MTOPT__HIDDEN mtopt_status_t mtopt__nccl_destroy(mtopt__nccl_t *n);
  * the context's stream so far, or the other way round. */
 MTOPT__HIDDEN mtopt_status_t mtopt__nccl_comm_wait_compute(mtopt__nccl_t *n);
 MTOPT__HIDDEN mtopt_status_t mtopt__nccl_compute_wait_comm(mtopt__nccl_t *n);
+/* Per-bucket completion events: event i is recorded on the communication
+ * stream right after bucket i's collective, and the context's stream waits on
+ * exactly that one before bucket i's pass, so the passes of bucket i overlap
+ * the collectives of buckets i+1, ... (a single event re-recorded per bucket
+ * could not express this once several collectives are queued ahead). */
+MTOPT__HIDDEN mtopt_status_t mtopt__nccl_events_create(mtopt__nccl_t *n, int count,
+                                                       mtopt__nccl_events_t **out);
+MTOPT__HIDDEN void mtopt__nccl_events_destroy(mtopt__nccl_events_t *ev);
+MTOPT__HIDDEN mtopt_status_t mtopt__nccl_record(mtopt__nccl_events_t *ev, int i);
+MTOPT__HIDDEN mtopt_status_t mtopt__nccl_compute_wait(mtopt__nccl_events_t *ev, int i);
+/* A non-blocking look at ncclCommGetAsyncError (and whether the communicator
+ * was aborted): COMM_ERROR if the communicator is unusable. */
+MTOPT__HIDDEN mtopt_status_t mtopt__nccl_check(mtopt__nccl_t *n, const char *what);
+/* 1 if the communicator is the caller's (mtopt_comm_create_nccl): it is never
+ * aborted here, so after a failed synchronize its kernels may still run. */
+MTOPT__HIDDEN int mtopt__nccl_is_wrapped(const mtopt__nccl_t *n);
 /* Collectives on the communication stream. */
 MTOPT__HIDDEN mtopt_status_t mtopt__nccl_allreduce_avg_f32(mtopt__nccl_t *n, float *buf,
                                                            int64_t count);

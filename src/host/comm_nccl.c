@@ -1,11 +1,21 @@
 /* NCCL collectives for the distributed layer (CUDA contexts). With
  * backend_cuda.c, the only host file that includes CUDA or NCCL headers.
  *
- * Ordering: collectives run on a communication stream owned here; events
- * order it after the context's stream (the gradients are written) and the
- * context's stream after it (the step reads the reduced gradients). Nothing
- * here synchronises the host except set-up, mtopt__nccl_synchronize and
- * destroy. */
+ * Ordering: collectives run on a communication stream owned here (created
+ * non-blocking, so that it never serialises implicitly with the legacy default
+ * stream the context may use); events order it after the context's stream
+ * (the gradients are written) and the context's stream after it (a bucket's
+ * pass reads its reduced gradients: one event per bucket, see
+ * mtopt__nccl_events_t). Nothing here synchronises the host except set-up,
+ * mtopt__nccl_synchronize and destroy.
+ *
+ * Collectives are issued one by one, never inside ncclGroupStart/End: a group
+ * would launch them together at ncclGroupEnd, and the per-bucket event recorded
+ * after each could then not separate one bucket's completion from the next.
+ *
+ * Device: the runtime's current device is per host thread and belongs to the
+ * caller; every entry point makes the context's device current and puts the
+ * caller's back (as backend_cuda.c does). */
 #include <sched.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,36 +27,86 @@
 #include "comm_internal.h"
 #include "mtopt/mtopt_cuda.h"
 
+/* ncclAvg (the average folded into the reduction) arrived in NCCL 2.10. */
+#if !defined(NCCL_VERSION_CODE) || NCCL_VERSION_CODE < NCCL_VERSION(2, 10, 0)
+#error "mtopt's NCCL path needs NCCL 2.10 or newer (ncclAvg)"
+#endif
+#define MTOPT__NCCL_MIN_VERSION 21000 /* 2.10.0 in ncclGetVersion's encoding */
+
 struct mtopt__nccl {
   mtopt_context_t *ctx;
-  ncclComm_t comm;
-  int owned; /* made here from a unique id: destroyed (or aborted) here */
+  ncclComm_t comm; /* NULL once aborted */
+  int owned;       /* made here from a unique id: destroyed (or aborted) here */
+  int failed;      /* an asynchronous error or timeout was seen */
   int world, rank;
   int timeout_ms;
-  cudaStream_t stream;        /* communication stream */
-  cudaEvent_t compute_done;   /* recorded on the context's stream */
-  cudaEvent_t comm_done;      /* recorded on the communication stream */
+  cudaStream_t stream;      /* communication stream */
+  cudaEvent_t compute_done; /* recorded on the context's stream */
+  cudaEvent_t comm_done;    /* recorded on the communication stream */
+};
+
+struct mtopt__nccl_events {
+  mtopt__nccl_t *n;
+  int count;
+  cudaEvent_t ev[];
 };
 
 static mtopt_status_t cuda_fail(mtopt_context_t *ctx, cudaError_t e, const char *what) {
+  (void)cudaGetLastError(); /* clear a non-sticky error so it is not reported twice */
   return mtopt__error(ctx, MTOPT_STATUS_CUDA_ERROR, "%s: CUDA error %s: %s", what,
                       cudaGetErrorName(e), cudaGetErrorString(e));
 }
 
 static mtopt_status_t nccl_fail(mtopt_context_t *ctx, ncclResult_t r, const char *what) {
-  return mtopt__error(ctx, MTOPT_STATUS_COMM_ERROR, "%s: NCCL error %d: %s", what, (int)r,
-                      ncclGetErrorString(r));
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 13, 0)
+  const char *detail = ncclGetLastError(NULL); /* NCCL's own detail, if any */
+#else
+  const char *detail = "";
+#endif
+  return mtopt__error(ctx, MTOPT_STATUS_COMM_ERROR, "%s: NCCL error %d: %s%s%s%s", what, (int)r,
+                      ncclGetErrorString(r), detail && *detail ? " (" : "",
+                      detail ? detail : "", detail && *detail ? ")" : "");
 }
 
-#define CUDA_CHECK(ctx, expr, what)                                            \
+/* ---- the context's device, current for the duration of a call ---- */
+
+typedef struct {
+  int prev, switched;
+} dev_guard_t;
+
+static mtopt_status_t dev_enter(mtopt_context_t *ctx, dev_guard_t *g) {
+  g->switched = 0;
+  cudaError_t e = cudaGetDevice(&g->prev);
+  if (e != cudaSuccess) return cuda_fail(ctx, e, "cudaGetDevice");
+  if (g->prev != ctx->device) {
+    e = cudaSetDevice(ctx->device);
+    if (e != cudaSuccess) return cuda_fail(ctx, e, "cudaSetDevice");
+    g->switched = 1;
+  }
+  return MTOPT_STATUS_SUCCESS;
+}
+
+static void dev_leave(const dev_guard_t *g) {
+  if (g->switched) (void)cudaSetDevice(g->prev);
+}
+
+/* Inside a function holding `dev_guard_t g_` and `mtopt_status_t st_`, with a
+ * `done:` label that calls dev_leave. */
+#define CUDA_TRY(ctx, expr, what)                                              \
   do {                                                                         \
     cudaError_t e_ = (expr);                                                   \
-    if (e_ != cudaSuccess) return cuda_fail((ctx), e_, (what));                \
+    if (e_ != cudaSuccess) {                                                   \
+      st_ = cuda_fail((ctx), e_, (what));                                      \
+      goto done;                                                               \
+    }                                                                          \
   } while (0)
-#define NCCL_CHECK(ctx, expr, what)                                            \
+#define NCCL_TRY(ctx, expr, what)                                              \
   do {                                                                         \
     ncclResult_t r_ = (expr);                                                  \
-    if (r_ != ncclSuccess) return nccl_fail((ctx), r_, (what));                \
+    if (r_ != ncclSuccess) {                                                   \
+      st_ = nccl_fail((ctx), r_, (what));                                      \
+      goto done;                                                               \
+    }                                                                          \
   } while (0)
 
 /* The context's stream, read at every use: the user may switch it
@@ -59,8 +119,17 @@ static cudaStream_t ctx_stream(mtopt_context_t *ctx) {
 
 mtopt_status_t mtopt__nccl_unique_id(mtopt_context_t *ctx, void *id) {
   _Static_assert(sizeof(ncclUniqueId) == MTOPT__NCCL_ID_BYTES, "ncclUniqueId size");
+  int version = 0;
+  ncclResult_t r = ncclGetVersion(&version);
+  if (r != ncclSuccess) return nccl_fail(ctx, r, "ncclGetVersion");
+  if (version < MTOPT__NCCL_MIN_VERSION)
+    return mtopt__error(ctx, MTOPT_STATUS_NOT_SUPPORTED,
+                        "mtopt_comm_create_mpi: the NCCL library loaded is version code %d; "
+                        "mtopt needs 2.10 or newer (ncclAvg)",
+                        version);
   ncclUniqueId u;
-  NCCL_CHECK(ctx, ncclGetUniqueId(&u), "ncclGetUniqueId");
+  r = ncclGetUniqueId(&u);
+  if (r != ncclSuccess) return nccl_fail(ctx, r, "ncclGetUniqueId");
   memcpy(id, &u, sizeof u);
   return MTOPT_STATUS_SUCCESS;
 }
@@ -68,10 +137,11 @@ mtopt_status_t mtopt__nccl_unique_id(mtopt_context_t *ctx, void *id) {
 mtopt_status_t mtopt__nccl_comm_info(mtopt_context_t *ctx, void *nccl_comm, int *rank,
                                      int *size) {
   ncclComm_t c = (ncclComm_t)nccl_comm;
-  NCCL_CHECK(ctx, ncclCommUserRank(c, rank), "ncclCommUserRank");
-  NCCL_CHECK(ctx, ncclCommCount(c, size), "ncclCommCount");
+  ncclResult_t r = ncclCommUserRank(c, rank);
+  if (r == ncclSuccess) r = ncclCommCount(c, size);
   int dev = -1;
-  NCCL_CHECK(ctx, ncclCommCuDevice(c, &dev), "ncclCommCuDevice");
+  if (r == ncclSuccess) r = ncclCommCuDevice(c, &dev);
+  if (r != ncclSuccess) return nccl_fail(ctx, r, "mtopt_comm_create_nccl");
   if (dev != ctx->device)
     return mtopt__error(ctx, MTOPT_STATUS_INVALID_ARGUMENT,
                         "mtopt_comm_create_nccl: the NCCL communicator is on device %d, the "
@@ -83,47 +153,95 @@ mtopt_status_t mtopt__nccl_comm_info(mtopt_context_t *ctx, void *nccl_comm, int 
 mtopt_status_t mtopt__nccl_create(mtopt_context_t *ctx, const void *id, int world, int rank,
                                   void *existing, int timeout_ms, mtopt__nccl_t **out) {
   static const char fn[] = "mtopt_comm_create (NCCL)";
-  CUDA_CHECK(ctx, cudaSetDevice(ctx->device), "cudaSetDevice");
+  dev_guard_t g_;
+  CHECK(dev_enter(ctx, &g_));
+  mtopt_status_t st_ = MTOPT_STATUS_SUCCESS;
   mtopt__nccl_t *n = calloc(1, sizeof *n);
-  if (!n) return mtopt__error(ctx, MTOPT_STATUS_OUT_OF_MEMORY, "%s: calloc failed", fn);
+  if (!n) {
+    dev_leave(&g_);
+    return mtopt__error(ctx, MTOPT_STATUS_OUT_OF_MEMORY, "%s: calloc failed", fn);
+  }
   n->ctx = ctx;
   n->world = world;
   n->rank = rank;
   n->timeout_ms = timeout_ms;
-  mtopt_status_t st = MTOPT_STATUS_SUCCESS;
-  cudaError_t e = cudaStreamCreateWithFlags(&n->stream, cudaStreamNonBlocking);
-  if (e == cudaSuccess) e = cudaEventCreateWithFlags(&n->compute_done, cudaEventDisableTiming);
-  if (e == cudaSuccess) e = cudaEventCreateWithFlags(&n->comm_done, cudaEventDisableTiming);
-  if (e != cudaSuccess) {
-    st = cuda_fail(ctx, e, "creating the communication stream");
-    goto fail;
-  }
+  CUDA_TRY(ctx, cudaStreamCreateWithFlags(&n->stream, cudaStreamNonBlocking),
+           "creating the communication stream");
+  CUDA_TRY(ctx, cudaEventCreateWithFlags(&n->compute_done, cudaEventDisableTiming),
+           "creating an event");
+  CUDA_TRY(ctx, cudaEventCreateWithFlags(&n->comm_done, cudaEventDisableTiming),
+           "creating an event");
   if (existing) {
     n->comm = (ncclComm_t)existing;
   } else {
+    /* Blocking initialisation on the context's device (current here). Every
+     * rank has just passed the MPI broadcast of the id, so all are present. */
     ncclUniqueId u;
     memcpy(&u, id, sizeof u);
-    ncclResult_t r = ncclCommInitRank(&n->comm, world, u, rank);
-    if (r != ncclSuccess) {
-      st = nccl_fail(ctx, r, "ncclCommInitRank");
-      goto fail;
-    }
+    NCCL_TRY(ctx, ncclCommInitRank(&n->comm, world, u, rank), "ncclCommInitRank");
     n->owned = 1;
   }
-  *out = n;
-  return MTOPT_STATUS_SUCCESS;
-fail:
-  if (n->comm_done) cudaEventDestroy(n->comm_done);
-  if (n->compute_done) cudaEventDestroy(n->compute_done);
-  if (n->stream) cudaStreamDestroy(n->stream);
-  free(n);
-  return st;
+done:
+  if (st_ != MTOPT_STATUS_SUCCESS) {
+    if (n->comm_done) cudaEventDestroy(n->comm_done);
+    if (n->compute_done) cudaEventDestroy(n->compute_done);
+    if (n->stream) cudaStreamDestroy(n->stream);
+    free(n);
+  } else {
+    *out = n;
+  }
+  dev_leave(&g_);
+  return st_;
 }
+
+int mtopt__nccl_is_wrapped(const mtopt__nccl_t *n) { return !n->owned; }
 
 static double now_ms(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
+}
+
+/* After an asynchronous error or a timeout: an owned communicator is aborted
+ * (its kernels stop, so the streams drain and buffers can be freed). */
+static void abort_owned(mtopt__nccl_t *n) {
+  n->failed = 1;
+  if (n->owned && n->comm) {
+    (void)ncclCommAbort(n->comm);
+    n->comm = NULL;
+  }
+}
+
+static mtopt_status_t usable(mtopt__nccl_t *n, const char *what) {
+  if (!n->comm || n->failed)
+    return mtopt__error(n->ctx, MTOPT_STATUS_COMM_ERROR,
+                        "%s: the NCCL communicator failed earlier (asynchronous error or "
+                        "timeout)%s",
+                        what, n->comm ? "" : "; it was aborted");
+  return MTOPT_STATUS_SUCCESS;
+}
+
+/* ncclCommGetAsyncError reads a flag: cheap enough for every enqueueing call.
+ * ncclInProgress (a non-blocking communicator of the caller's still
+ * initialising or running) is not an error. */
+static ncclResult_t async_error(mtopt__nccl_t *n) {
+  ncclResult_t async = ncclSuccess;
+  const ncclResult_t r = ncclCommGetAsyncError(n->comm, &async);
+  if (r != ncclSuccess) return r;
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 14, 0)
+  if (async == ncclInProgress) return ncclSuccess;
+#endif
+  return async;
+}
+
+mtopt_status_t mtopt__nccl_check(mtopt__nccl_t *n, const char *what) {
+  CHECK(usable(n, what));
+  const ncclResult_t r = async_error(n);
+  if (r != ncclSuccess) {
+    abort_owned(n);
+    return nccl_fail(n->ctx, r, what);
+  }
+  return MTOPT_STATUS_SUCCESS;
 }
 
 /* Polls the communication stream and the context's stream with the NCCL
@@ -132,76 +250,165 @@ static double now_ms(void) {
 mtopt_status_t mtopt__nccl_synchronize(mtopt__nccl_t *n) {
   mtopt_context_t *ctx = n->ctx;
   static const char fn[] = "mtopt_dist_synchronize";
-  CUDA_CHECK(ctx, cudaSetDevice(ctx->device), "cudaSetDevice");
+  CHECK(usable(n, fn));
+  dev_guard_t g_;
+  CHECK(dev_enter(ctx, &g_));
+  mtopt_status_t st_ = MTOPT_STATUS_SUCCESS;
   const double deadline = now_ms() + n->timeout_ms;
-  cudaStream_t s2 = ctx_stream(ctx);
-  for (;;) {
-    ncclResult_t async = ncclSuccess;
-    NCCL_CHECK(ctx, ncclCommGetAsyncError(n->comm, &async), "ncclCommGetAsyncError");
+  const cudaStream_t s2 = ctx_stream(ctx);
+  for (unsigned spin = 0;; spin++) {
+    const ncclResult_t async = async_error(n);
     if (async != ncclSuccess) {
-      if (n->owned) ncclCommAbort(n->comm), n->comm = NULL;
-      return nccl_fail(ctx, async, fn);
+      abort_owned(n);
+      st_ = nccl_fail(ctx, async, fn);
+      goto done;
     }
-    cudaError_t e1 = cudaStreamQuery(n->stream);
-    cudaError_t e2 = cudaStreamQuery(s2);
-    if (e1 == cudaSuccess && e2 == cudaSuccess) return MTOPT_STATUS_SUCCESS;
-    if (e1 != cudaSuccess && e1 != cudaErrorNotReady) return cuda_fail(ctx, e1, fn);
-    if (e2 != cudaSuccess && e2 != cudaErrorNotReady) return cuda_fail(ctx, e2, fn);
-    if (n->timeout_ms > 0 && now_ms() > deadline) {
-      if (n->owned) ncclCommAbort(n->comm), n->comm = NULL;
-      return mtopt__error(ctx, MTOPT_STATUS_COMM_ERROR,
-                          "%s: the collectives did not finish within timeout_ms = %d; the "
-                          "NCCL communicator was aborted",
-                          fn, n->timeout_ms);
+    const cudaError_t e1 = cudaStreamQuery(n->stream);
+    const cudaError_t e2 = cudaStreamQuery(s2);
+    if (e1 == cudaSuccess && e2 == cudaSuccess) goto done;
+    if (e1 != cudaSuccess && e1 != cudaErrorNotReady) CUDA_TRY(ctx, e1, fn);
+    if (e2 != cudaSuccess && e2 != cudaErrorNotReady) CUDA_TRY(ctx, e2, fn);
+    if (n->timeout_ms > 0 && (spin & 15) == 0 && now_ms() > deadline) {
+      const int owned = n->owned;
+      abort_owned(n);
+      st_ = mtopt__error(ctx, MTOPT_STATUS_COMM_ERROR,
+                         "%s: the collectives did not finish within timeout_ms = %d (a rank "
+                         "did not join, or the network stalled); %s",
+                         fn, n->timeout_ms,
+                         owned ? "the NCCL communicator was aborted"
+                               : "the caller's NCCL communicator was left as it is");
+      goto done;
     }
     sched_yield();
   }
+done:
+  dev_leave(&g_);
+  return st_;
 }
 
 mtopt_status_t mtopt__nccl_destroy(mtopt__nccl_t *n) {
   if (!n) return MTOPT_STATUS_SUCCESS;
   mtopt_status_t st = MTOPT_STATUS_SUCCESS;
-  if (n->comm) st = mtopt__nccl_synchronize(n);
+  if (n->comm && !n->failed) st = mtopt__nccl_synchronize(n);
+  dev_guard_t g;
+  const int entered = dev_enter(n->ctx, &g) == MTOPT_STATUS_SUCCESS;
   if (n->owned && n->comm) {
     ncclResult_t r = ncclCommDestroy(n->comm);
     if (r != ncclSuccess && st == MTOPT_STATUS_SUCCESS) st = nccl_fail(n->ctx, r, "ncclCommDestroy");
   }
   cudaEventDestroy(n->comm_done);
   cudaEventDestroy(n->compute_done);
-  cudaStreamDestroy(n->stream);
+  cudaStreamDestroy(n->stream); /* returns at once; resources go when the work is done */
+  if (entered) dev_leave(&g);
   free(n);
   return st;
 }
 
-static mtopt_status_t usable(mtopt__nccl_t *n, const char *what) {
-  if (!n->comm)
-    return mtopt__error(n->ctx, MTOPT_STATUS_COMM_ERROR,
-                        "%s: the NCCL communicator was aborted after an earlier failure", what);
-  return MTOPT_STATUS_SUCCESS;
-}
-
 mtopt_status_t mtopt__nccl_comm_wait_compute(mtopt__nccl_t *n) {
   mtopt_context_t *ctx = n->ctx;
-  CUDA_CHECK(ctx, cudaEventRecord(n->compute_done, ctx_stream(ctx)), "cudaEventRecord");
-  CUDA_CHECK(ctx, cudaStreamWaitEvent(n->stream, n->compute_done, 0), "cudaStreamWaitEvent");
-  return MTOPT_STATUS_SUCCESS;
+  dev_guard_t g_;
+  CHECK(dev_enter(ctx, &g_));
+  mtopt_status_t st_ = MTOPT_STATUS_SUCCESS;
+  CUDA_TRY(ctx, cudaEventRecord(n->compute_done, ctx_stream(ctx)), "cudaEventRecord");
+  CUDA_TRY(ctx, cudaStreamWaitEvent(n->stream, n->compute_done, 0), "cudaStreamWaitEvent");
+done:
+  dev_leave(&g_);
+  return st_;
 }
 
 mtopt_status_t mtopt__nccl_compute_wait_comm(mtopt__nccl_t *n) {
   mtopt_context_t *ctx = n->ctx;
-  CUDA_CHECK(ctx, cudaEventRecord(n->comm_done, n->stream), "cudaEventRecord");
-  CUDA_CHECK(ctx, cudaStreamWaitEvent(ctx_stream(ctx), n->comm_done, 0), "cudaStreamWaitEvent");
+  dev_guard_t g_;
+  CHECK(dev_enter(ctx, &g_));
+  mtopt_status_t st_ = MTOPT_STATUS_SUCCESS;
+  CUDA_TRY(ctx, cudaEventRecord(n->comm_done, n->stream), "cudaEventRecord");
+  CUDA_TRY(ctx, cudaStreamWaitEvent(ctx_stream(ctx), n->comm_done, 0), "cudaStreamWaitEvent");
+done:
+  dev_leave(&g_);
+  return st_;
+}
+
+/* ---- per-bucket events ---- */
+
+mtopt_status_t mtopt__nccl_events_create(mtopt__nccl_t *n, int count,
+                                         mtopt__nccl_events_t **out) {
+  mtopt_context_t *ctx = n->ctx;
+  if (count < 0) count = 0;
+  mtopt__nccl_events_t *ev = calloc(1, sizeof *ev + (size_t)count * sizeof(cudaEvent_t));
+  if (!ev) return mtopt__error(ctx, MTOPT_STATUS_OUT_OF_MEMORY, "events: calloc failed");
+  ev->n = n;
+  dev_guard_t g_;
+  mtopt_status_t st_ = dev_enter(ctx, &g_);
+  if (st_ != MTOPT_STATUS_SUCCESS) {
+    free(ev);
+    return st_;
+  }
+  for (; ev->count < count; ev->count++)
+    CUDA_TRY(ctx, cudaEventCreateWithFlags(&ev->ev[ev->count], cudaEventDisableTiming),
+             "creating the bucket events");
+done:
+  dev_leave(&g_);
+  if (st_ != MTOPT_STATUS_SUCCESS) {
+    mtopt__nccl_events_destroy(ev);
+    return st_;
+  }
+  *out = ev;
   return MTOPT_STATUS_SUCCESS;
 }
+
+void mtopt__nccl_events_destroy(mtopt__nccl_events_t *ev) {
+  if (!ev) return;
+  dev_guard_t g;
+  const int entered = dev_enter(ev->n->ctx, &g) == MTOPT_STATUS_SUCCESS;
+  for (int i = 0; i < ev->count; i++) cudaEventDestroy(ev->ev[i]);
+  if (entered) dev_leave(&g);
+  free(ev);
+}
+
+mtopt_status_t mtopt__nccl_record(mtopt__nccl_events_t *ev, int i) {
+  mtopt__nccl_t *n = ev->n;
+  if (i < 0 || i >= ev->count)
+    return mtopt__error(n->ctx, MTOPT_STATUS_INTERNAL, "bucket event %d out of [0, %d)", i,
+                        ev->count);
+  dev_guard_t g_;
+  CHECK(dev_enter(n->ctx, &g_));
+  mtopt_status_t st_ = MTOPT_STATUS_SUCCESS;
+  CUDA_TRY(n->ctx, cudaEventRecord(ev->ev[i], n->stream), "cudaEventRecord (bucket)");
+done:
+  dev_leave(&g_);
+  return st_;
+}
+
+mtopt_status_t mtopt__nccl_compute_wait(mtopt__nccl_events_t *ev, int i) {
+  mtopt__nccl_t *n = ev->n;
+  if (i < 0 || i >= ev->count)
+    return mtopt__error(n->ctx, MTOPT_STATUS_INTERNAL, "bucket event %d out of [0, %d)", i,
+                        ev->count);
+  dev_guard_t g_;
+  CHECK(dev_enter(n->ctx, &g_));
+  mtopt_status_t st_ = MTOPT_STATUS_SUCCESS;
+  CUDA_TRY(n->ctx, cudaStreamWaitEvent(ctx_stream(n->ctx), ev->ev[i], 0),
+           "cudaStreamWaitEvent (bucket)");
+done:
+  dev_leave(&g_);
+  return st_;
+}
+
+/* ---- collectives ---- */
 
 mtopt_status_t mtopt__nccl_allreduce_avg_f32(mtopt__nccl_t *n, float *buf, int64_t count) {
   static const char what[] = "ncclAllReduce (bucket)";
   CHECK(usable(n, what));
-  if (count == 0) return MTOPT_STATUS_SUCCESS;
-  NCCL_CHECK(n->ctx, ncclAllReduce(buf, buf, (size_t)count, ncclFloat32, ncclAvg, n->comm,
-                                   n->stream),
-             what);
-  return MTOPT_STATUS_SUCCESS;
+  if (count == 0) return MTOPT_STATUS_SUCCESS; /* every rank has the same plan */
+  dev_guard_t g_;
+  CHECK(dev_enter(n->ctx, &g_));
+  mtopt_status_t st_ = MTOPT_STATUS_SUCCESS;
+  NCCL_TRY(n->ctx,
+           ncclAllReduce(buf, buf, (size_t)count, ncclFloat32, ncclAvg, n->comm, n->stream),
+           what);
+done:
+  dev_leave(&g_);
+  return st_;
 }
 
 mtopt_status_t mtopt__nccl_reduce_scatter_avg_f32(mtopt__nccl_t *n, const float *send,
@@ -209,63 +416,85 @@ mtopt_status_t mtopt__nccl_reduce_scatter_avg_f32(mtopt__nccl_t *n, const float 
   static const char what[] = "ncclReduceScatter (bucket)";
   CHECK(usable(n, what));
   if (recvcount == 0) return MTOPT_STATUS_SUCCESS;
-  NCCL_CHECK(n->ctx, ncclReduceScatter(send, recv, (size_t)recvcount, ncclFloat32, ncclAvg,
-                                       n->comm, n->stream),
-             what);
-  return MTOPT_STATUS_SUCCESS;
+  dev_guard_t g_;
+  CHECK(dev_enter(n->ctx, &g_));
+  mtopt_status_t st_ = MTOPT_STATUS_SUCCESS;
+  NCCL_TRY(n->ctx,
+           ncclReduceScatter(send, recv, (size_t)recvcount, ncclFloat32, ncclAvg, n->comm,
+                             n->stream),
+           what);
+done:
+  dev_leave(&g_);
+  return st_;
 }
 
 mtopt_status_t mtopt__nccl_allgather_f32(mtopt__nccl_t *n, float *buf, int64_t count) {
   static const char what[] = "ncclAllGather (weights)";
   CHECK(usable(n, what));
   if (count == 0) return MTOPT_STATUS_SUCCESS;
-  NCCL_CHECK(n->ctx, ncclAllGather(buf + (int64_t)n->rank * count, buf, (size_t)count,
-                                   ncclFloat32, n->comm, n->stream),
-             what);
-  return MTOPT_STATUS_SUCCESS;
+  dev_guard_t g_;
+  CHECK(dev_enter(n->ctx, &g_));
+  mtopt_status_t st_ = MTOPT_STATUS_SUCCESS;
+  /* In place: NCCL's rule is sendbuff == recvbuff + rank * sendcount. */
+  NCCL_TRY(n->ctx,
+           ncclAllGather(buf + (int64_t)n->rank * count, buf, (size_t)count, ncclFloat32,
+                         n->comm, n->stream),
+           what);
+done:
+  dev_leave(&g_);
+  return st_;
 }
 
 mtopt_status_t mtopt__nccl_allreduce_sum_f64(mtopt__nccl_t *n, double *buf, int64_t count) {
   static const char what[] = "ncclAllReduce (gradient norm)";
   CHECK(usable(n, what));
-  NCCL_CHECK(n->ctx, ncclAllReduce(buf, buf, (size_t)count, ncclFloat64, ncclSum, n->comm,
-                                   n->stream),
-             what);
-  return MTOPT_STATUS_SUCCESS;
+  if (count == 0) return MTOPT_STATUS_SUCCESS;
+  dev_guard_t g_;
+  CHECK(dev_enter(n->ctx, &g_));
+  mtopt_status_t st_ = MTOPT_STATUS_SUCCESS;
+  NCCL_TRY(n->ctx,
+           ncclAllReduce(buf, buf, (size_t)count, ncclFloat64, ncclSum, n->comm, n->stream),
+           what);
+done:
+  dev_leave(&g_);
+  return st_;
 }
 
 mtopt_status_t mtopt__nccl_copy(mtopt__nccl_t *n, void *dst, const void *src, size_t bytes) {
   if (bytes == 0 || dst == src) return MTOPT_STATUS_SUCCESS;
-  CUDA_CHECK(n->ctx, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, n->stream),
-             "cudaMemcpyAsync (ZeRO-1 weights)");
-  return MTOPT_STATUS_SUCCESS;
+  dev_guard_t g_;
+  CHECK(dev_enter(n->ctx, &g_));
+  mtopt_status_t st_ = MTOPT_STATUS_SUCCESS;
+  CUDA_TRY(n->ctx, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, n->stream),
+           "cudaMemcpyAsync (ZeRO-1 weights)");
+done:
+  dev_leave(&g_);
+  return st_;
 }
 
 mtopt_status_t mtopt__nccl_allreduce_max_i64(mtopt__nccl_t *n, int64_t *host, int count) {
   mtopt_context_t *ctx = n->ctx;
   static const char what[] = "mtopt_dist_optimizer_create (plan check)";
   CHECK(usable(n, what));
+  if (count <= 0) return MTOPT_STATUS_SUCCESS;
+  dev_guard_t g_;
+  CHECK(dev_enter(ctx, &g_));
+  mtopt_status_t st_ = MTOPT_STATUS_SUCCESS;
   void *dev = NULL;
   const size_t bytes = (size_t)count * sizeof(int64_t);
-  CUDA_CHECK(ctx, cudaMalloc(&dev, bytes), "cudaMalloc (plan check)");
-  mtopt_status_t st = MTOPT_STATUS_SUCCESS;
-  cudaError_t e = cudaMemcpyAsync(dev, host, bytes, cudaMemcpyHostToDevice, n->stream);
-  if (e != cudaSuccess) {
-    st = cuda_fail(ctx, e, what);
-    goto done;
-  }
-  ncclResult_t r = ncclAllReduce(dev, dev, (size_t)count, ncclInt64, ncclMax, n->comm, n->stream);
-  if (r != ncclSuccess) {
-    st = nccl_fail(ctx, r, what);
-    goto done;
-  }
-  e = cudaMemcpyAsync(host, dev, bytes, cudaMemcpyDeviceToHost, n->stream);
-  if (e != cudaSuccess) {
-    st = cuda_fail(ctx, e, what);
-    goto done;
-  }
-  st = mtopt__nccl_synchronize(n); /* bounded by the timeout */
+  CUDA_TRY(ctx, cudaMalloc(&dev, bytes), "cudaMalloc (plan check)");
+  CUDA_TRY(ctx, cudaMemcpyAsync(dev, host, bytes, cudaMemcpyHostToDevice, n->stream), what);
+  NCCL_TRY(ctx, ncclAllReduce(dev, dev, (size_t)count, ncclInt64, ncclMax, n->comm, n->stream),
+           what);
+  /* Wait (bounded) before the copy back: a copy into pageable memory blocks
+   * the host until the stream gets there, with no timeout. */
+  st_ = mtopt__nccl_synchronize(n);
+  if (st_ != MTOPT_STATUS_SUCCESS) goto done;
+  CUDA_TRY(ctx, cudaMemcpy(host, dev, bytes, cudaMemcpyDeviceToHost), what);
 done:
-  if (st == MTOPT_STATUS_SUCCESS || n->comm == NULL) cudaFree(dev);
-  return st;
+  /* A collective that never finished may still write dev (a caller's
+   * communicator is not aborted): leak it rather than free it under NCCL. */
+  if (dev && (st_ == MTOPT_STATUS_SUCCESS || n->comm == NULL)) cudaFree(dev);
+  dev_leave(&g_);
+  return st_;
 }
