@@ -184,12 +184,22 @@ def plot_matplotlib(table, order, png, title):
     n = len(labels)
     width = 0.8 / max(n, 1)
     fig, ax = plt.subplots(figsize=(max(8, 1.6 * len(order) + 0.25 * n * len(order)), 5.5))
+    from matplotlib.ticker import FuncFormatter
+    values = [y for lab in labels for y in data[lab] if y]
     for i, lab in enumerate(labels):
         xs = [j + (i - (n - 1) / 2) * width for j in range(len(order))]
         ys = data[lab]
-        ax.bar([x for x, y in zip(xs, ys) if y], [y for y in ys if y], width,
-               label=lab, color=COLORS.get(lab))
+        bars = ax.bar([x for x, y in zip(xs, ys) if y], [y for y in ys if y], width,
+                      label=lab, color=COLORS.get(lab))
+        for b in bars:
+            ax.annotate(fmt_ms(b.get_height()), (b.get_x() + b.get_width() / 2, b.get_height()),
+                        xytext=(0, 2), textcoords="offset points", ha="center", va="bottom",
+                        fontsize=6, rotation=90)
     ax.set_yscale("log")
+    if values:
+        # Bars start a decade below the fastest, so heights compare honestly.
+        ax.set_ylim(10 ** math.floor(math.log10(min(values)) - 0.5), max(values) * 3)
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:g}"))
     ax.set_xticks(range(len(order)))
     ax.set_xticklabels(order)
     ax.set_ylabel("ms per step (median, log scale)")

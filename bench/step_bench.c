@@ -595,8 +595,11 @@ static void run_mode(bench_t *b, const bench_shape_t *s, int mode, shape_state_t
     if (!sp.dst) goto done;
     if (o->cuda) {
 #ifdef MTOPT_HAVE_CUDA
+      /* cudaMemset runs on the legacy stream, which a non-blocking stream
+       * does not wait for: finish it before the copies start. */
       if (cudaMemset(sp.src, 0x3f, sp.bytes) != cudaSuccess ||
-          cudaMemset(sp.dst, 0, sp.bytes) != cudaSuccess) {
+          cudaMemset(sp.dst, 0, sp.bytes) != cudaSuccess ||
+          cudaDeviceSynchronize() != cudaSuccess) {
         NOTE(row, "cudaMemset failed");
         goto done;
       }
@@ -866,7 +869,17 @@ static const char *kind_name(mtopt_optimizer_kind_t k) {
 
 typedef struct {
   char date[64], commit[128], device[256];
+  char load_start[64], load_end[64]; /* /proc/loadavg: how busy the host was */
 } meta_t;
+
+static void meta_load(char *out, size_t n) {
+  snprintf(out, n, "unknown");
+  FILE *f = fopen("/proc/loadavg", "r");
+  if (!f) return;
+  double a, b, c;
+  if (fscanf(f, "%lf %lf %lf", &a, &b, &c) == 3) snprintf(out, n, "%.2f %.2f %.2f", a, b, c);
+  fclose(f);
+}
 
 static int write_json(const opts_t *o, const meta_t *m, int nthreads, const row_t *rows,
                       int nrows) {
@@ -883,6 +896,10 @@ static int write_json(const opts_t *o, const meta_t *m, int nthreads, const row_
   json_str(f, mtopt_version_string());
   fprintf(f, ", \"backend\": \"%s\", \"device\": ", o->cuda ? "cuda" : "cpu");
   json_str(f, m->device);
+  fprintf(f, ", \"loadavg_start\": ");
+  json_str(f, m->load_start);
+  fprintf(f, ", \"loadavg_end\": ");
+  json_str(f, m->load_end);
   fprintf(f,
           ", \"threads\": %d, \"optimizer\": \"%s\", \"iters\": %d, \"warmup\": %d, "
           "\"check\": %d, \"graph\": %d, \"repeat\": %d, \"chunk_size\": %lld},\n"
@@ -1219,6 +1236,7 @@ int main(int argc, char **argv) {
   }
   meta_commit(m.commit, sizeof m.commit);
   meta_device(&o, m.device, sizeof m.device);
+  meta_load(m.load_start, sizeof m.load_start);
   print_header(&o, &m, b.nthreads);
 
   row_t *rows = calloc((size_t)o.nshapes * M_COUNT, sizeof *rows);
@@ -1270,7 +1288,9 @@ int main(int argc, char **argv) {
     free(ss.hash);
     bench_shape_free(&s);
   }
-  printf("# %d rows, %d failed\n", nrows, failures);
+  meta_load(m.load_end, sizeof m.load_end);
+  printf("# %d rows, %d failed; load average %s at the start, %s at the end\n", nrows,
+         failures, m.load_start, m.load_end);
 
   if (o.json && write_json(&o, &m, b.nthreads, rows, nrows)) failures++;
   if (o.csv && write_csv(&o, rows, nrows)) failures++;
