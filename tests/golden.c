@@ -1,6 +1,7 @@
 /* Golden trajectories from torch.optim (tests/golden/make_golden.py wrote the
  * fixtures in tests/data; the format is described there): the recorded
- * gradients are replayed through mtopt's CPU backend and the weights compared
+ * gradients are replayed through mtopt (the CPU backend, or the CUDA one with
+ * MTOPT_TEST_BACKEND=cuda) and the weights compared
  * with torch's after every step. LAMB is not in torch.optim: no fixture.
  *
  * The fixture directory comes from MTOPT_TEST_DATA (tests/CMakeLists.txt sets
@@ -171,20 +172,24 @@ START_TEST(test_golden) {
   /* Small chunks, so that every tensor but the smallest spans several. */
   c.chunk_size = 4 * (_i + 3);
 
-  mtopt_context_t *ctx = tu_cpu_context();
+  const mtopt_backend_t be = tu_backend();
+  mtopt_context_t *ctx = tu_context(be);
   mtopt_tensor_list_t *list = NULL;
   TU_OK(mtopt_tensor_list_create(ctx, &list));
-  float *w[MAX_TENSORS], *g[MAX_TENSORS];
+  float *w[MAX_TENSORS], *g[MAX_TENSORS], *host_w[MAX_TENSORS];
   int64_t off = 0;
   for (int i = 0; i < gr.n; i++) {
-    w[i] = malloc((size_t)gr.numel[i] * sizeof(float));
-    memcpy(w[i], gr.data + off, (size_t)gr.numel[i] * sizeof(float));
+    const size_t bytes = (size_t)gr.numel[i] * sizeof(float);
+    w[i] = tu_alloc(be, bytes);
+    tu_to_backend(be, w[i], gr.data + off, bytes);
+    host_w[i] = malloc(bytes ? bytes : 1);
     off += gr.numel[i];
     /* Half the tensors use the library's gradient buffer. */
     g[i] = NULL;
     if (i % 2 == 0) {
-      g[i] = malloc((size_t)gr.numel[i] * sizeof(float));
-      tu_poison(g[i], gr.numel[i]);
+      g[i] = tu_alloc(be, bytes);
+      tu_poison(host_w[i], gr.numel[i]);
+      tu_to_backend(be, g[i], host_w[i], bytes);
     }
     TU_OK(mtopt_tensor_list_add_f32(list, w[i], g[i], gr.numel[i], 0, NULL));
   }
@@ -202,19 +207,23 @@ START_TEST(test_golden) {
     const float *gs = gr.data + total * (1 + t);
     int64_t o = 0;
     for (int i = 0; i < gr.n; i++) {
-      memcpy(g[i], gs + o, (size_t)gr.numel[i] * sizeof(float));
+      tu_to_backend(be, g[i], gs + o, (size_t)gr.numel[i] * sizeof(float));
       o += gr.numel[i];
     }
     TU_OK(mtopt_optimizer_step(opt));
+    for (int i = 0; i < gr.n; i++) { /* poisoned, so an unwritten result shows */
+      tu_poison(host_w[i], gr.numel[i]);
+      tu_to_host(be, host_w[i], w[i], (size_t)gr.numel[i] * sizeof(float));
+    }
     const float *want = fx.data + total * t;
     o = 0;
     for (int i = 0; i < gr.n; i++) {
-      const tu_err_t e = tu_compare_f(w[i], want + o, gr.numel[i], 1e-6, 1e-5);
+      const tu_err_t e = tu_compare_f(host_w[i], want + o, gr.numel[i], 1e-6, 1e-5);
       char msg[160];
       snprintf(msg, sizeof msg, "%s step %d tensor %d (numel %lld)", cases[_i], t + 1, i,
                (long long)gr.numel[i]);
       if (e.n_bad)
-        fprintf(stderr, "%s: mtopt %.9g torch %.9g at %lld\n", msg, w[i][e.first_bad],
+        fprintf(stderr, "%s: mtopt %.9g torch %.9g at %lld\n", msg, host_w[i][e.first_bad],
                 want[o + e.first_bad], (long long)e.first_bad);
       TU_ASSERT_CLOSE(e, msg);
       o += gr.numel[i];
@@ -236,8 +245,9 @@ START_TEST(test_golden) {
   TU_OK(mtopt_tensor_list_destroy(list));
   TU_OK(mtopt_context_destroy(ctx));
   for (int i = 0; i < gr.n; i++) {
-    free(w[i]);
-    if (i % 2 == 0) free(g[i]);
+    tu_free(be, w[i]);
+    free(host_w[i]);
+    if (i % 2 == 0) tu_free(be, g[i]);
   }
   free(gr.data);
   free(fx.data);
@@ -253,4 +263,5 @@ Suite *golden_suite(void) {
   return s;
 }
 
-int main(void) { return tu_run(golden_suite(), 0); }
+/* MTOPT_TEST_BACKEND=cuda replays the same trajectories on the CUDA backend. */
+int main(void) { return tu_main(golden_suite()); }

@@ -6,6 +6,10 @@
 #include <string.h>
 #include <time.h>
 
+#ifdef MTOPT_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
 uint64_t tu_seed(void) {
   static uint64_t seed;
   static int done;
@@ -97,4 +101,77 @@ int tu_run(Suite *s, int nofork) {
   const int failed = srunner_ntests_failed(sr);
   srunner_free(sr);
   return failed == 0 ? 0 : 1;
+}
+
+mtopt_backend_t tu_backend(void) {
+  const char *e = getenv("MTOPT_TEST_BACKEND");
+  return e && !strcmp(e, "cuda") ? MTOPT_BACKEND_CUDA : MTOPT_BACKEND_CPU;
+}
+
+mtopt_context_t *tu_context(mtopt_backend_t backend) {
+  mtopt_context_config_t cc = MTOPT_CONTEXT_CONFIG_INIT;
+  cc.backend = backend;
+  mtopt_context_t *ctx = NULL;
+  TU_OK(mtopt_context_create(&cc, &ctx));
+  return ctx;
+}
+
+#ifdef MTOPT_HAVE_CUDA
+#define TU_CUDA(expr)                                                          \
+  do {                                                                         \
+    cudaError_t tu_e_ = (expr);                                                \
+    ck_assert_msg(tu_e_ == cudaSuccess, "%s: %s", #expr, cudaGetErrorString(tu_e_)); \
+  } while (0)
+#endif
+
+void *tu_alloc(mtopt_backend_t backend, size_t bytes) {
+  void *p = NULL;
+  if (backend == MTOPT_BACKEND_CPU) {
+    p = malloc(bytes ? bytes : 1);
+  } else {
+#ifdef MTOPT_HAVE_CUDA
+    TU_CUDA(cudaMalloc(&p, bytes ? bytes : 1));
+#endif
+  }
+  ck_assert_ptr_nonnull(p);
+  return p;
+}
+
+void tu_free(mtopt_backend_t backend, void *p) {
+  if (backend == MTOPT_BACKEND_CPU) {
+    free(p);
+    return;
+  }
+#ifdef MTOPT_HAVE_CUDA
+  TU_CUDA(cudaFree(p));
+#endif
+}
+
+static void tu_copy(mtopt_backend_t backend, void *dst, const void *src, size_t bytes) {
+  if (backend == MTOPT_BACKEND_CPU) {
+    memcpy(dst, src, bytes);
+    return;
+  }
+#ifdef MTOPT_HAVE_CUDA
+  /* cudaMemcpy waits for the legacy default stream, where the library's
+   * contexts enqueue by default. */
+  TU_CUDA(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault));
+#endif
+}
+
+void tu_to_backend(mtopt_backend_t backend, void *dst, const void *src, size_t bytes) {
+  tu_copy(backend, dst, src, bytes);
+}
+
+void tu_to_host(mtopt_backend_t backend, void *dst, const void *src, size_t bytes) {
+  tu_copy(backend, dst, src, bytes);
+}
+
+int tu_main(Suite *s) {
+  const mtopt_backend_t b = tu_backend();
+  if (b == MTOPT_BACKEND_CUDA && !mtopt_backend_available(MTOPT_BACKEND_CUDA)) {
+    fprintf(stderr, "no usable CUDA device: skipped\n");
+    return 77;
+  }
+  return tu_run(s, b == MTOPT_BACKEND_CUDA);
 }

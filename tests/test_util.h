@@ -73,6 +73,21 @@ int64_t tu_first_bit_diff(const float *a, const float *b, int64_t n);
 /* A CPU context with the default config. */
 mtopt_context_t *tu_cpu_context(void);
 
+/* The backend a suite that runs on either is asked to use:
+ * MTOPT_TEST_BACKEND=cuda selects CUDA, anything else (or unset) the CPU. */
+mtopt_backend_t tu_backend(void);
+/* A context of that backend (device 0 on CUDA). */
+mtopt_context_t *tu_context(mtopt_backend_t backend);
+/* Memory the backend's kernels can use (cudaMalloc on CUDA), and copies to
+ * and from host memory; they assert on failure. */
+void *tu_alloc(mtopt_backend_t backend, size_t bytes);
+void tu_free(mtopt_backend_t backend, void *p);
+void tu_to_backend(mtopt_backend_t backend, void *dst, const void *src, size_t bytes);
+void tu_to_host(mtopt_backend_t backend, void *dst, const void *src, size_t bytes);
+/* main() of a suite that runs on either backend: 77 (skipped) when the
+ * backend is CUDA and no GPU is present; CUDA suites run without forking. */
+int tu_main(Suite *s);
+
 /* Runs a suite and returns the process exit code (0 if all passed). nofork:
  * run in-process (CUDA suites: CUDA must not be touched before a fork). */
 int tu_run(Suite *s, int nofork);

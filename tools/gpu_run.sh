@@ -21,15 +21,16 @@
 #
 # Steps run in priority order and the script keeps going after a failure; it
 # exits non-zero if any step failed. The whole run stays within
-# GPU_RUN_BUDGET seconds (default 480): each step's time limit is cut to what
+# GPU_RUN_BUDGET seconds (default 560): each step's time limit is cut to what
 # is left, and steps with under 15 s left are skipped (and count as failed).
 # The sanitizers come last; if the budget cut them, run them alone on the warm
 # machine (build-gpu is kept): GPU_RUN_ONLY=memcheck,racecheck tools/gpu_run.sh OUT
 # Environment:
-#   GPU_RUN_BUDGET=480          total seconds
+#   GPU_RUN_BUDGET=560          total seconds
 #   GPU_RUN_SKIP="a,b"          steps to skip, GPU_RUN_ONLY="a,b" steps to run
-#                               (deps configure build ctest_cuda ctest_cpu
-#                               mtopt_bench torch_bench compare memcheck racecheck)
+#                               (deps configure build ctest_cuda ctest_mpi
+#                               mtopt_bench torch_bench compare mnist_gpu
+#                               dist_bench ctest_cpu memcheck racecheck)
 #   GPU_RUN_BUILD_DIR=build-gpu the build directory, under the repository
 #   MTOPT_GIT_COMMIT=<sha>      recorded in the JSON when git is unavailable
 #   BENCH_ARGS / TORCH_ARGS     extra arguments for the two benchmarks
@@ -57,7 +58,7 @@ mkdir -p "$LOGS"
 : >"$OUT/gpu.log"
 exec > >(tee -a "$OUT/gpu.log") 2>&1
 
-BUDGET=${GPU_RUN_BUDGET:-480}
+BUDGET=${GPU_RUN_BUDGET:-560}
 T_START=$SECONDS
 BUILD=$ROOT/${GPU_RUN_BUILD_DIR:-build-gpu}
 JOBS=$(nproc 2>/dev/null || echo 8)
@@ -171,7 +172,9 @@ step build 300 cmake --build "$BUILD" -j"$JOBS"
 
 # ---- tests ----
 step ctest_cuda 200 ctest --test-dir "$BUILD" -L cuda --output-on-failure
-step ctest_cpu 150 ctest --test-dir "$BUILD" -L cpu --output-on-failure -j"$JOBS"
+# NCCL at one rank: NVLink multicast stays off on these hosts.
+export NCCL_NVLS_ENABLE=0
+step ctest_mpi 200 ctest --test-dir "$BUILD" -L mpi --output-on-failure
 
 # ---- benchmarks ----
 # shellcheck disable=SC2086
@@ -184,6 +187,15 @@ step torch_bench 240 python3 "$ROOT/bench/torch_bench.py" --iters 20 --warmup 5 
 step compare 60 python3 "$ROOT/bench/compare.py" --mtopt "$OUT/mtopt_bench.json" \
   --torch "$OUT/torch_bench.json" --md "$OUT/bench_table.md" --png "$OUT/bench_gpu.png" \
   --title "mtopt vs PyTorch, fp32 AdamW step, $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)"
+
+# ---- the example and the distributed benchmark on the GPU ----
+MNIST=$BUILD/examples/mnist_mlp/mnist_mlp
+step mnist_gpu 150 bash -c "set -e; for a in '' '--graph' '--dynamic-loss-scale --clip 1' \
+  '--optimizer lamb'; do echo \"--- mnist_mlp --gpu \$a\"; $MNIST --gpu \$a --csv /dev/null | tail -7; done"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+step dist_bench 120 bash -c "for z in 0 1; do mpirun -np 1 $BUILD/bench/mtopt_dist_bench \
+  --backend cuda --shape gpt2 --buckets 1,4,25,100 --iters 10 --warmup 2 --zero \$z || exit 1; done"
+step ctest_cpu 150 ctest --test-dir "$BUILD" -L cpu --output-on-failure -j"$JOBS"
 
 # ---- sanitizers (CUDA must not be touched before Check forks: CK_FORK=no) ----
 SAN=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer \
