@@ -166,6 +166,14 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max
   --format=csv 2>&1 | head -5 || true
 command -v nvcc >/dev/null && nvcc --version | tail -2
 
+# The example's data set: the system's, or a copy carried in .data/ (hosts
+# without the dataset-fashion-mnist package); the tests read MNIST_DATA.
+if [ -z "${MNIST_DATA:-}" ]; then
+  MNIST_DATA=/usr/share/datasets/fashion-mnist
+  [ -d "$MNIST_DATA" ] || MNIST_DATA=$ROOT/.data/fashion-mnist
+fi
+export MNIST_DATA
+
 # ---- configure and build ----
 step configure 120 bash "$ROOT/tools/gpu_run.sh" --configure "$BUILD"
 step build 300 cmake --build "$BUILD" -j"$JOBS"
@@ -191,7 +199,8 @@ step compare 60 python3 "$ROOT/bench/compare.py" --mtopt "$OUT/mtopt_bench.json"
 # ---- the example and the distributed benchmark on the GPU ----
 MNIST=$BUILD/examples/mnist_mlp/mnist_mlp
 step mnist_gpu 150 bash -c "set -e; for a in '' '--graph' '--dynamic-loss-scale --clip 1' \
-  '--optimizer lamb'; do echo \"--- mnist_mlp --gpu \$a\"; $MNIST --gpu \$a --csv /dev/null | tail -7; done"
+  '--optimizer lamb'; do echo \"--- mnist_mlp --gpu \$a\"; $MNIST --gpu --data $MNIST_DATA \$a \
+  --csv /dev/null | tail -7; done"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 step dist_bench 120 bash -c "for z in 0 1; do mpirun -np 1 $BUILD/bench/mtopt_dist_bench \
   --backend cuda --shape gpt2 --buckets 1,4,25,100 --iters 10 --warmup 2 --zero \$z || exit 1; done"

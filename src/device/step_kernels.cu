@@ -59,6 +59,10 @@ namespace {
 
 constexpr int kBlock = 256;     /* threads per block */
 constexpr int kInFlight = 8;    /* float4 loads in flight per thread */
+/* Plans whose mean chunk is shorter than this many elements run a warp per
+ * chunk (teams, below): 4096 elements are 16 per thread of a block, the point
+ * where a block's fixed costs start to show. */
+constexpr int64_t kWarpTeamBelow = 4096;
 
 /* ---- reductions (fixed order: deterministic) ---- */
 
@@ -86,6 +90,38 @@ __device__ __forceinline__ T block_sum(T v) {
   return r;
 }
 
+/* ---- teams: the threads that share one chunk ----
+ * TEAM == kBlock: a block per chunk (the default). TEAM == 32: a warp per
+ * chunk, kBlock / 32 chunks per block, for plans of small chunks (many small
+ * tensors), where a block's fixed costs (the chunk/tensor/scalar prologue, the
+ * completion count) would otherwise outweigh its few hundred elements. */
+template <int TEAM>
+__device__ __forceinline__ int team_lane() {
+  return TEAM == kBlock ? (int)threadIdx.x : (int)(threadIdx.x & (TEAM - 1));
+}
+
+template <int TEAM>
+__device__ __forceinline__ int team_index() {
+  return TEAM == kBlock ? 0 : (int)(threadIdx.x / TEAM);
+}
+
+template <int TEAM>
+__device__ __forceinline__ void team_sync() {
+  if constexpr (TEAM == kBlock)
+    __syncthreads();
+  else
+    __syncwarp();
+}
+
+/* The team's total, valid in its lane 0. Every thread of the team calls it. */
+template <int TEAM, class T>
+__device__ __forceinline__ T team_sum(T v) {
+  if constexpr (TEAM == kBlock)
+    return block_sum(v);
+  else
+    return warp_sum(v);
+}
+
 /* ---- streaming over one chunk ---- */
 
 __device__ __forceinline__ float &lane_of(float4 &v, int j) {
@@ -97,9 +133,9 @@ __device__ __forceinline__ float &lane_of(float4 &v, int j) {
  * arrays whose bit is set in STORE get x[k] back. Each thread visits a fixed
  * set of elements in a fixed order, so per-thread accumulators inside f are
  * deterministic. */
-template <int N, unsigned STORE, class F>
+template <int TEAM, int N, unsigned STORE, class F>
 __device__ __forceinline__ void stream_chunk(float *const (&p)[N], int32_t len, F &f) {
-  const int tid = threadIdx.x;
+  const int tid = team_lane<TEAM>();
   const unsigned r0 = (unsigned)((uintptr_t)p[0] & 15u);
   bool same = true;
 #pragma unroll
@@ -116,7 +152,7 @@ __device__ __forceinline__ void stream_chunk(float *const (&p)[N], int32_t len, 
   };
 
   if (!same) { /* a gradient at another residue: no common vector path */
-    for (int32_t i = tid; i < len; i += kBlock) scalar(i);
+    for (int32_t i = tid; i < len; i += TEAM) scalar(i);
     return;
   }
   int32_t pro = (int32_t)(((16u - r0) & 15u) / 4u); /* elements to the boundary */
@@ -129,11 +165,11 @@ __device__ __forceinline__ void stream_chunk(float *const (&p)[N], int32_t len, 
 #pragma unroll
   for (int k = 0; k < N; k++) q[k] = reinterpret_cast<float4 *>(p[k] + pro);
 
-  for (int32_t base = tid; base < n4; base += kBlock * ILP) {
+  for (int32_t base = tid; base < n4; base += TEAM * ILP) {
     float4 r[ILP][N];
 #pragma unroll
     for (int u = 0; u < ILP; u++) {
-      const int32_t i = base + u * kBlock;
+      const int32_t i = base + u * TEAM;
       if (i < n4) {
 #pragma unroll
         for (int k = 0; k < N; k++) r[u][k] = __ldcs(q[k] + i);
@@ -141,7 +177,7 @@ __device__ __forceinline__ void stream_chunk(float *const (&p)[N], int32_t len, 
     }
 #pragma unroll
     for (int u = 0; u < ILP; u++) {
-      const int32_t i = base + u * kBlock;
+      const int32_t i = base + u * TEAM;
       if (i < n4) {
 #pragma unroll
         for (int j = 0; j < 4; j++) {
@@ -225,13 +261,13 @@ struct LambApplyOp { /* x = w, m, v */
  * block fences again after seeing the full count and reads the slots from L2
  * (__ldcg), never from a possibly stale L1 line. */
 template <int PASS>
-__device__ void finish_block(const mtopt__dev_plan_t &p) {
+__device__ void finish_block(const mtopt__dev_plan_t &p, unsigned chunks) {
   __shared__ int last;
-  __syncthreads(); /* the whole block's work, including thread 0's slot write */
+  __syncthreads(); /* the whole block's work, including its slot writes */
   if (threadIdx.x == 0) {
     __threadfence();
-    const unsigned prev = atomicAdd(&p.hyper->blocks_done, 1u);
-    last = (int64_t)prev + 1 == p.num_chunks;
+    const unsigned prev = atomicAdd(&p.hyper->blocks_done, chunks);
+    last = (int64_t)prev + chunks == p.num_chunks;
   }
   __syncthreads();
   if (!last) return;
@@ -295,89 +331,120 @@ __device__ __forceinline__ void load_view(const mtopt__dev_plan_t &p, int64_t c,
     v.s = mtopt__chunk_scalars(h, &p.groups[t->group], t->flags);
 }
 
-/* ---- the kernels: one block per chunk c0 + blockIdx.x ---- */
+/* ---- the kernels: team t of block b takes chunk c0 + b * PER + t ---- */
 
-__global__ void __launch_bounds__(kBlock) stats_kernel(mtopt__dev_plan_t p, int64_t c0) {
-  __shared__ ChunkView v;
-  const int64_t c = c0 + blockIdx.x;
-  if (threadIdx.x == 0) load_view<MTOPT__PASS_STATS>(p, c, v);
-  __syncthreads();
-  StatsOp op{v.inv, 0.0f, 0u};
-  float *const arr[1] = {v.g};
-  stream_chunk<1, 0u>(arr, v.len, op);
-  const float acc = block_sum(op.acc);
-  const unsigned bad = block_sum((unsigned)op.bad);
-  if (threadIdx.x == 0) {
-    p.slot_gsq[c] = acc;
-    p.slot_nonfinite[c] = bad;
+/* Where a team's chunk is, and how many chunks its block holds. */
+template <int TEAM>
+struct Place {
+  static constexpr int PER = kBlock / TEAM; /* chunks per block */
+  int64_t c;        /* this team's chunk */
+  bool active;      /* the last block may hold fewer than PER */
+  unsigned chunks;  /* chunks in this block, for the completion count */
+  __device__ Place(int64_t c0, int64_t c1) {
+    const int64_t first = c0 + (int64_t)blockIdx.x * PER;
+    c = first + team_index<TEAM>();
+    active = c < c1;
+    chunks = (unsigned)(c1 - first < PER ? c1 - first : PER);
   }
-  finish_block<MTOPT__PASS_STATS>(p);
+};
+
+template <int TEAM>
+__global__ void __launch_bounds__(kBlock)
+    stats_kernel(mtopt__dev_plan_t p, int64_t c0, int64_t c1) {
+  const Place<TEAM> at(c0, c1);
+  __shared__ ChunkView views[Place<TEAM>::PER];
+  ChunkView &v = views[team_index<TEAM>()];
+  if (at.active) {
+    if (team_lane<TEAM>() == 0) load_view<MTOPT__PASS_STATS>(p, at.c, v);
+    team_sync<TEAM>();
+    StatsOp op{v.inv, 0.0f, 0u};
+    float *const arr[1] = {v.g};
+    stream_chunk<TEAM, 1, 0u>(arr, v.len, op);
+    const float acc = team_sum<TEAM>(op.acc);
+    const unsigned bad = team_sum<TEAM>((unsigned)op.bad);
+    if (team_lane<TEAM>() == 0) {
+      p.slot_gsq[at.c] = acc;
+      p.slot_nonfinite[at.c] = bad;
+    }
+  }
+  finish_block<MTOPT__PASS_STATS>(p, at.chunks);
 }
 
-template <int KIND>
-__global__ void __launch_bounds__(kBlock) update_kernel(mtopt__dev_plan_t p, int64_t c0) {
-  __shared__ ChunkView v;
-  const int64_t c = c0 + blockIdx.x;
-  if (threadIdx.x == 0) load_view<MTOPT__PASS_UPDATE>(p, c, v);
-  __syncthreads();
-  if (!v.skip) { /* a skipped step changes nothing, but its blocks still count */
+template <int TEAM, int KIND>
+__global__ void __launch_bounds__(kBlock)
+    update_kernel(mtopt__dev_plan_t p, int64_t c0, int64_t c1) {
+  const Place<TEAM> at(c0, c1);
+  __shared__ ChunkView views[Place<TEAM>::PER];
+  ChunkView &v = views[team_index<TEAM>()];
+  if (at.active) {
+    if (team_lane<TEAM>() == 0) load_view<MTOPT__PASS_UPDATE>(p, at.c, v);
+    team_sync<TEAM>();
+  }
+  /* A skipped step changes nothing, but its chunks still count. */
+  if (at.active && !v.skip) {
     if constexpr (KIND == MTOPT__KIND_ADAMW || KIND == MTOPT__KIND_ADAM) {
       AdamOp<KIND == MTOPT__KIND_ADAMW> op{v.s};
       float *const arr[4] = {v.w, v.g, v.s0, v.s1};
-      stream_chunk<4, 0xDu>(arr, v.len, op); /* store w, m, v */
+      stream_chunk<TEAM, 4, 0xDu>(arr, v.len, op); /* store w, m, v */
     } else if constexpr (KIND == MTOPT__KIND_SGD) {
       /* The CPU backend's rule: the buffer is used when momentum != 0 and the
        * tensor has one. */
       if (v.s.momentum != 0.0f && v.s0) {
         SgdBufOp op{v.s};
         float *const arr[3] = {v.w, v.g, v.s0};
-        stream_chunk<3, 0x5u>(arr, v.len, op); /* store w, buf */
+        stream_chunk<TEAM, 3, 0x5u>(arr, v.len, op); /* store w, buf */
       } else {
         SgdOp op{v.s};
         op.s.momentum = 0.0f;
         float *const arr[2] = {v.w, v.g};
-        stream_chunk<2, 0x1u>(arr, v.len, op);
+        stream_chunk<TEAM, 2, 0x1u>(arr, v.len, op);
       }
     } else { /* LAMB stage 1: moments, and the chunk's sums of w^2 and u^2 */
       LambMomentsOp op{v.s, 0.0f, 0.0f};
       float *const arr[4] = {v.w, v.g, v.s0, v.s1};
-      stream_chunk<4, 0xCu>(arr, v.len, op); /* store m, v */
-      const float wsq = block_sum(op.wsq);
-      const float usq = block_sum(op.usq);
-      if (threadIdx.x == 0) {
-        p.slot_wsq[c] = wsq;
-        p.slot_usq[c] = usq;
+      stream_chunk<TEAM, 4, 0xCu>(arr, v.len, op); /* store m, v */
+      const float wsq = team_sum<TEAM>(op.wsq);
+      const float usq = team_sum<TEAM>(op.usq);
+      if (team_lane<TEAM>() == 0) {
+        p.slot_wsq[at.c] = wsq;
+        p.slot_usq[at.c] = usq;
       }
     }
   }
-  finish_block<MTOPT__PASS_UPDATE>(p);
+  finish_block<MTOPT__PASS_UPDATE>(p, at.chunks);
 }
 
-__global__ void __launch_bounds__(kBlock) lamb_apply_kernel(mtopt__dev_plan_t p, int64_t c0) {
-  __shared__ ChunkView v;
-  __shared__ float step;
-  const int64_t c = c0 + blockIdx.x;
-  if (threadIdx.x == 0) load_view<MTOPT__PASS_LAMB_APPLY>(p, c, v);
-  __syncthreads();
-  if (!v.skip) {
+template <int TEAM>
+__global__ void __launch_bounds__(kBlock)
+    lamb_apply_kernel(mtopt__dev_plan_t p, int64_t c0, int64_t c1) {
+  const Place<TEAM> at(c0, c1);
+  __shared__ ChunkView views[Place<TEAM>::PER];
+  __shared__ float steps[Place<TEAM>::PER];
+  ChunkView &v = views[team_index<TEAM>()];
+  if (at.active) {
+    if (team_lane<TEAM>() == 0) load_view<MTOPT__PASS_LAMB_APPLY>(p, at.c, v);
+    team_sync<TEAM>();
+  }
+  if (at.active && !v.skip) {
     /* The tensor's norms from its slots: every chunk of the tensor reduces the
      * same slots in the same order, so all of them use the same step. */
     double wsq = 0.0, usq = 0.0;
 #pragma unroll 4
-    for (int64_t k = v.first_chunk + threadIdx.x; k < v.first_chunk + v.num_chunks;
-         k += kBlock) {
+    for (int64_t k = v.first_chunk + team_lane<TEAM>(); k < v.first_chunk + v.num_chunks;
+         k += TEAM) {
       wsq += (double)p.slot_wsq[k];
       usq += (double)p.slot_usq[k];
     }
-    wsq = block_sum(wsq);
-    usq = block_sum(usq);
-    if (threadIdx.x == 0) step = mtopt__lamb_step(p.hyper, &v.s, (float)wsq, (float)usq);
-    __syncthreads();
+    wsq = team_sum<TEAM>(wsq);
+    usq = team_sum<TEAM>(usq);
+    float &step = steps[team_index<TEAM>()];
+    if (team_lane<TEAM>() == 0) step = mtopt__lamb_step(p.hyper, &v.s, (float)wsq, (float)usq);
+    team_sync<TEAM>();
     LambApplyOp op{v.s, step};
     float *const arr[3] = {v.w, v.s0, v.s1};
-    stream_chunk<3, 0x1u>(arr, v.len, op); /* store w */
+    stream_chunk<TEAM, 3, 0x1u>(arr, v.len, op); /* store w */
   }
-  finish_block<MTOPT__PASS_LAMB_APPLY>(p);
+  finish_block<MTOPT__PASS_LAMB_APPLY>(p, at.chunks);
 }
 
 /* A pass over a plan with no chunks (an empty model, or a ZeRO-1 rank that
@@ -412,6 +479,37 @@ __global__ void write_kernel(unsigned char *dst, WriteArgs src, int n) {
 
 } /* namespace */
 
+template <int TEAM>
+static void launch_pass(const mtopt__dev_plan_t &p, int pass, int64_t c0, int64_t c1,
+                        cudaStream_t stream) {
+  constexpr int PER = kBlock / TEAM;
+  const dim3 grid((unsigned)((c1 - c0 + PER - 1) / PER)), block(kBlock);
+  switch (pass) {
+  case MTOPT__PASS_STATS:
+    stats_kernel<TEAM><<<grid, block, 0, stream>>>(p, c0, c1);
+    break;
+  case MTOPT__PASS_UPDATE:
+    switch (p.kind) {
+    case MTOPT__KIND_ADAMW:
+      update_kernel<TEAM, MTOPT__KIND_ADAMW><<<grid, block, 0, stream>>>(p, c0, c1);
+      break;
+    case MTOPT__KIND_ADAM:
+      update_kernel<TEAM, MTOPT__KIND_ADAM><<<grid, block, 0, stream>>>(p, c0, c1);
+      break;
+    case MTOPT__KIND_SGD:
+      update_kernel<TEAM, MTOPT__KIND_SGD><<<grid, block, 0, stream>>>(p, c0, c1);
+      break;
+    default:
+      update_kernel<TEAM, MTOPT__KIND_LAMB><<<grid, block, 0, stream>>>(p, c0, c1);
+      break;
+    }
+    break;
+  default:
+    lamb_apply_kernel<TEAM><<<grid, block, 0, stream>>>(p, c0, c1);
+    break;
+  }
+}
+
 extern "C" cudaError_t mtopt__launch_pass(const mtopt__dev_plan_t *plan, int pass,
                                           int64_t c0, int64_t c1, cudaStream_t stream) {
   if (plan->num_chunks == 0) {
@@ -419,37 +517,15 @@ extern "C" cudaError_t mtopt__launch_pass(const mtopt__dev_plan_t *plan, int pas
     return cudaGetLastError();
   }
   if (c1 <= c0) return cudaSuccess;
-  const int64_t n = c1 - c0; /* <= num_chunks <= 2^31-1: the grid's x limit */
-  const dim3 grid((unsigned)n), block(kBlock);
-  const mtopt__dev_plan_t p = *plan;
-  switch (pass) {
-  case MTOPT__PASS_STATS:
-    stats_kernel<<<grid, block, 0, stream>>>(p, c0);
-    break;
-  case MTOPT__PASS_UPDATE:
-    switch (p.kind) {
-    case MTOPT__KIND_ADAMW:
-      update_kernel<MTOPT__KIND_ADAMW><<<grid, block, 0, stream>>>(p, c0);
-      break;
-    case MTOPT__KIND_ADAM:
-      update_kernel<MTOPT__KIND_ADAM><<<grid, block, 0, stream>>>(p, c0);
-      break;
-    case MTOPT__KIND_SGD:
-      update_kernel<MTOPT__KIND_SGD><<<grid, block, 0, stream>>>(p, c0);
-      break;
-    case MTOPT__KIND_LAMB:
-      update_kernel<MTOPT__KIND_LAMB><<<grid, block, 0, stream>>>(p, c0);
-      break;
-    default:
-      return cudaErrorInvalidValue;
-    }
-    break;
-  case MTOPT__PASS_LAMB_APPLY:
-    lamb_apply_kernel<<<grid, block, 0, stream>>>(p, c0);
-    break;
-  default:
+  if (pass < MTOPT__PASS_STATS || pass > MTOPT__PASS_LAMB_APPLY ||
+      plan->kind < MTOPT__KIND_ADAMW || plan->kind > MTOPT__KIND_LAMB)
     return cudaErrorInvalidValue;
-  }
+  /* Chunks of a few thousand elements or fewer on average (many small
+   * tensors) go a warp each; larger ones a block each. */
+  if (plan->mean_chunk_len < kWarpTeamBelow)
+    launch_pass<32>(*plan, pass, c0, c1, stream);
+  else
+    launch_pass<kBlock>(*plan, pass, c0, c1, stream);
   return cudaGetLastError();
 }
 

@@ -38,6 +38,7 @@ typedef struct {
   float *slot_usq;          /* LAMB, per chunk: sum of u^2 */
   int64_t num_tensors;
   int64_t num_chunks;
+  int64_t num_elements; /* over all tensors */
   int64_t chunk_size;
   int32_t kind;
   int32_t use_stats;

@@ -345,6 +345,7 @@ mtopt_status_t mtopt_optimizer_create(mtopt_context_t *ctx, mtopt_tensor_list_t 
   p->slot_usq = lamb ? (float *)(base + L.usq) : NULL;
   p->num_tensors = n;
   p->num_chunks = nchunks;
+  p->num_elements = total;
   p->chunk_size = c->chunk_size;
   p->kind = (int32_t)c->kind;
   p->use_stats = opt->hyper_host.use_stats;
