@@ -30,7 +30,9 @@
 #   GPU_RUN_SKIP="a,b"          steps to skip, GPU_RUN_ONLY="a,b" steps to run
 #                               (deps configure build ctest_cuda ctest_mpi
 #                               mtopt_bench torch_bench compare mnist_gpu
-#                               dist_bench ctest_cpu memcheck racecheck)
+#                               dist_bench ctest_cpu multi_dist_test
+#                               multi_dist_bench multi_nccl_ref multi_mnist
+#                               ncu_small memcheck racecheck)
 #   GPU_RUN_BUILD_DIR=build-gpu the build directory, under the repository
 #   MTOPT_GIT_COMMIT=<sha>      recorded in the JSON when git is unavailable
 #   BENCH_ARGS / TORCH_ARGS     extra arguments for the two benchmarks
@@ -205,6 +207,33 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 step dist_bench 120 bash -c "for z in 0 1; do mpirun -np 1 $BUILD/bench/mtopt_dist_bench \
   --backend cuda --shape gpt2 --buckets 1,4,25,100 --iters 10 --warmup 2 --zero \$z || exit 1; done"
 step ctest_cpu 150 ctest --test-dir "$BUILD" -L cpu --output-on-failure -j"$JOBS"
+
+# ---- several GPUs: data parallel across them (issue: multi-GPU verification) ----
+NGPU=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+if [ "${NGPU:-0}" -ge 2 ]; then
+  MPI2=(mpirun -np 2 --oversubscribe -x NCCL_NVLS_ENABLE=0 -x OMP_NUM_THREADS=1)
+  step multi_dist_test 200 "${MPI2[@]}" "$BUILD/tests/test_dist" --backend cuda
+  step multi_dist_bench 200 bash -c "for z in 0 1; do ${MPI2[*]} $BUILD/bench/mtopt_dist_bench \
+    --backend cuda --shape gpt2-xl --buckets 4,25,100 --iters 10 --warmup 2 --zero \$z || exit 1; done"
+  step multi_nccl_ref 120 python3 -m torch.distributed.run --nproc_per_node 2 \
+    "$ROOT/bench/nccl_allreduce.py" --sizes-mb 4,25,100
+  step multi_mnist 150 bash -c "for np in 1 2; do echo \"--- mnist_mlp --gpu, \$np GPUs\"; \
+    mpirun -np \$np --oversubscribe -x NCCL_NVLS_ENABLE=0 $MNIST --gpu --dist --data $MNIST_DATA \
+    --csv /dev/null | tail -3 || exit 1; done"
+else
+  for s in multi_dist_test multi_dist_bench multi_nccl_ref multi_mnist; do
+    want $s && echo "=== [$s] not run: $NGPU GPU(s)"
+    record $s skipped - 0
+  done
+fi
+
+# ---- a profile of the many-small-tensors step (Nsight Compute) ----
+if command -v ncu >/dev/null; then
+  step ncu_small 120 ncu --clock-control none --section SpeedOfLight --section Occupancy \
+    --section WarpStateStats --section LaunchStats -k regex:update_kernel -c 1 \
+    "$BUILD/bench/mtopt_bench" --backend cuda --shapes many-mixed --modes fused --iters 1 \
+    --warmup 1 --check 0
+fi
 
 # ---- sanitizers (CUDA must not be touched before Check forks: CK_FORK=no) ----
 SAN=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer \
