@@ -434,6 +434,7 @@ START_TEST(test_bucket_plan) {
   oc.chunk_size = 64;
   mtopt_dist_optimizer_t *d = NULL;
   EXPECT_OK(&rec, mtopt_dist_optimizer_create(comm, l, &oc, &d));
+  REC_ASSERT(rec); /* nothing below means anything without the optimizer */
   EXPECT_ST(&rec, mtopt_comm_destroy(comm), MTOPT_STATUS_INVALID_USAGE);
   /* The list is frozen. */
   EXPECT_ST(&rec, mtopt_tensor_list_add_f32(l, m.param[0], NULL, 1, 0, NULL),
@@ -722,6 +723,12 @@ static int cuda_ready(const char **why) {
     } else {
       ok = 0;
       *why = "fewer CUDA devices than ranks on this node";
+    }
+    /* The test's own cudaMalloc calls must land on this rank's device: the
+     * library rejects memory of another device. */
+    if (ok && cudaSetDevice(g_device) != cudaSuccess) {
+      ok = 0;
+      *why = "cudaSetDevice failed";
     }
   }
 #endif
