@@ -217,10 +217,6 @@ static mtopt_status_t cpu_finish_stats(mtopt_context_t *ctx, const mtopt__plan_t
   return MTOPT_STATUS_SUCCESS;
 }
 
-static int cpu_launches(const mtopt__plan_t *p) {
-  return 1 + (p->use_stats != 0) + (p->kind == MTOPT__KIND_LAMB);
-}
-
 const mtopt__backend_ops_t mtopt__cpu_ops = {
     .name = "cpu",
     .init = cpu_init,
@@ -234,6 +230,5 @@ const mtopt__backend_ops_t mtopt__cpu_ops = {
     .check_pointer = cpu_check_pointer,
     .run_pass = cpu_run_pass,
     .synchronize = cpu_sync,
-    .launches_per_step = cpu_launches,
     .finish_stats = cpu_finish_stats,
 };

@@ -297,10 +297,6 @@ static mtopt_status_t cuda_finish_stats(mtopt_context_t *ctx, const mtopt__plan_
   return MTOPT_STATUS_SUCCESS;
 }
 
-static int cuda_launches(const mtopt__plan_t *p) {
-  return 1 + (p->use_stats != 0) + (p->kind == MTOPT__KIND_LAMB);
-}
-
 static const mtopt__backend_ops_t cuda_ops = {
     .name = "cuda",
     .init = cuda_init,
@@ -314,7 +310,6 @@ static const mtopt__backend_ops_t cuda_ops = {
     .check_pointer = cuda_check_pointer,
     .run_pass = cuda_run_pass,
     .synchronize = cuda_synchronize,
-    .launches_per_step = cuda_launches,
     .finish_stats = cuda_finish_stats,
 };
 

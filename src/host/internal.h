@@ -98,8 +98,6 @@ struct mtopt__backend_ops {
   mtopt_status_t (*run_pass)(mtopt_context_t *ctx, const mtopt__plan_t *plan,
                              mtopt__pass_t pass, int64_t c0, int64_t c1);
   mtopt_status_t (*synchronize)(mtopt_context_t *ctx);
-  /* Launches one step makes for a plan of this kind (for get_info). */
-  int (*launches_per_step)(const mtopt__plan_t *plan);
   /* Distributed layer. In stream order: mtopt__stats_finalize(plan->hyper,
    * plan->stats_sum[0], (uint64_t)plan->stats_sum[1]) (the deferred end of a
    * STATS pass, see mtopt__plan_t.defer_stats). NULL if not provided. */

@@ -391,12 +391,20 @@ mtopt_status_t mtopt_optimizer_step(mtopt_optimizer_t *opt) {
   return mtopt__run_step(opt->ctx, &opt->plan);
 }
 
+/* The passes of one step, in order; returns how many. */
+static int step_passes(const mtopt__plan_t *plan, mtopt__pass_t passes[3]) {
+  int n = 0;
+  if (plan->use_stats) passes[n++] = MTOPT__PASS_STATS;
+  passes[n++] = MTOPT__PASS_UPDATE;
+  if (plan->kind == MTOPT__KIND_LAMB) passes[n++] = MTOPT__PASS_LAMB_APPLY;
+  return n;
+}
+
 mtopt_status_t mtopt__run_step(mtopt_context_t *ctx, const mtopt__plan_t *plan) {
-  const int64_t nc = plan->num_chunks;
-  if (plan->use_stats) CHECK(ctx->ops->run_pass(ctx, plan, MTOPT__PASS_STATS, 0, nc));
-  CHECK(ctx->ops->run_pass(ctx, plan, MTOPT__PASS_UPDATE, 0, nc));
-  if (plan->kind == MTOPT__KIND_LAMB)
-    CHECK(ctx->ops->run_pass(ctx, plan, MTOPT__PASS_LAMB_APPLY, 0, nc));
+  mtopt__pass_t passes[3];
+  const int n = step_passes(plan, passes);
+  for (int i = 0; i < n; i++)
+    CHECK(ctx->ops->run_pass(ctx, plan, passes[i], 0, plan->num_chunks));
   return MTOPT_STATUS_SUCCESS;
 }
 
@@ -587,7 +595,9 @@ mtopt_status_t mtopt_optimizer_get_info(const mtopt_optimizer_t *opt,
   info->chunk_size = opt->plan.chunk_size;
   info->total_numel = opt->total_numel;
   info->state_bytes = opt->state_bytes;
-  info->launches_per_step = opt->ctx->ops->launches_per_step(&opt->plan);
+  /* One launch per pass (on the CPU, one parallel loop per pass). */
+  mtopt__pass_t passes[3];
+  info->launches_per_step = step_passes(&opt->plan, passes);
   info->bytes_per_param = bytes_per_param(&opt->plan, state_buffers(&opt->config));
   return MTOPT_STATUS_SUCCESS;
 }
