@@ -107,6 +107,8 @@ typedef struct {
   float grad_scale; /* clip / loss_scale, applied to g by the update */
   int32_t skip;     /* this step is skipped */
   uint32_t blocks_done; /* CUDA: counter that elects the last block */
+  uint32_t chunks_fetched; /* CUDA, small chunks: the next chunk a warp takes */
+  uint32_t blocks_exited;  /* CUDA, small chunks: blocks done with a launch */
   int32_t reserved1;
 } mtopt__hyper_t;
 

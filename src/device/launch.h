@@ -27,7 +27,9 @@ typedef struct {
   float *slot_usq;
   double *stats_sum;  /* defer_stats: where the end of STATS leaves its sums */
   int64_t num_chunks; /* all chunks of the plan: the last-block election */
-  int64_t mean_chunk_len; /* elements per chunk on average: picks the team size */
+  int64_t mean_chunk_len; /* elements per chunk on average: picks the kernel */
+  int32_t sm_count;       /* multiprocessors: sizes the small-chunk grid */
+  int32_t reserved;
   int32_t kind;       /* MTOPT__KIND_* */
   int32_t defer_stats; /* ZeRO-1: leave the sums, do not finalise (internal.h) */
 } mtopt__dev_plan_t;

@@ -63,6 +63,9 @@ constexpr int kInFlight = 8;    /* float4 loads in flight per thread */
  * chunk (teams, below): 4096 elements are 16 per thread of a block, the point
  * where a block's fixed costs start to show. */
 constexpr int64_t kWarpTeamBelow = 4096;
+/* Warp-per-chunk grids: blocks per SM (3 are resident at 80 registers per
+ * thread; one more keeps the SMs fed while the first ones finish). */
+constexpr int kWarpBlocksPerSm = 4;
 
 /* ---- reductions (fixed order: deterministic) ---- */
 
@@ -267,7 +270,9 @@ __device__ void finish_block(const mtopt__dev_plan_t &p, unsigned chunks) {
   if (threadIdx.x == 0) {
     __threadfence();
     const unsigned prev = atomicAdd(&p.hyper->blocks_done, chunks);
-    last = (int64_t)prev + chunks == p.num_chunks;
+    /* A block that got no chunk never finalises: it may arrive after the
+     * count is complete. */
+    last = chunks > 0 && (int64_t)prev + chunks == p.num_chunks;
   }
   __syncthreads();
   if (!last) return;
@@ -331,57 +336,26 @@ __device__ __forceinline__ void load_view(const mtopt__dev_plan_t &p, int64_t c,
     v.s = mtopt__chunk_scalars(h, &p.groups[t->group], t->flags);
 }
 
-/* ---- the kernels: team t of block b takes chunk c0 + b * PER + t ---- */
+/* ---- one chunk of each pass, by a team (a block or a warp) ---- */
 
-/* Where a team's chunk is, and how many chunks its block holds. */
-template <int TEAM>
-struct Place {
-  static constexpr int PER = kBlock / TEAM; /* chunks per block */
-  int64_t c;        /* this team's chunk */
-  bool active;      /* the last block may hold fewer than PER */
-  unsigned chunks;  /* chunks in this block, for the completion count */
-  __device__ Place(int64_t c0, int64_t c1) {
-    const int64_t first = c0 + (int64_t)blockIdx.x * PER;
-    c = first + team_index<TEAM>();
-    active = c < c1;
-    chunks = (unsigned)(c1 - first < PER ? c1 - first : PER);
-  }
-};
-
-template <int TEAM>
-__global__ void __launch_bounds__(kBlock)
-    stats_kernel(mtopt__dev_plan_t p, int64_t c0, int64_t c1) {
-  const Place<TEAM> at(c0, c1);
-  __shared__ ChunkView views[Place<TEAM>::PER];
-  ChunkView &v = views[team_index<TEAM>()];
-  if (at.active) {
-    if (team_lane<TEAM>() == 0) load_view<MTOPT__PASS_STATS>(p, at.c, v);
-    team_sync<TEAM>();
+/* Every thread of the team calls it; v is the team's shared view. */
+template <int TEAM, int PASS, int KIND>
+__device__ __forceinline__ void do_chunk(const mtopt__dev_plan_t &p, int64_t c, ChunkView &v) {
+  if (team_lane<TEAM>() == 0) load_view<PASS>(p, c, v);
+  team_sync<TEAM>();
+  if constexpr (PASS == MTOPT__PASS_STATS) {
     StatsOp op{v.inv, 0.0f, 0u};
     float *const arr[1] = {v.g};
     stream_chunk<TEAM, 1, 0u>(arr, v.len, op);
     const float acc = team_sum<TEAM>(op.acc);
     const unsigned bad = team_sum<TEAM>((unsigned)op.bad);
     if (team_lane<TEAM>() == 0) {
-      p.slot_gsq[at.c] = acc;
-      p.slot_nonfinite[at.c] = bad;
+      p.slot_gsq[c] = acc;
+      p.slot_nonfinite[c] = bad;
     }
-  }
-  finish_block<MTOPT__PASS_STATS>(p, at.chunks);
-}
-
-template <int TEAM, int KIND>
-__global__ void __launch_bounds__(kBlock)
-    update_kernel(mtopt__dev_plan_t p, int64_t c0, int64_t c1) {
-  const Place<TEAM> at(c0, c1);
-  __shared__ ChunkView views[Place<TEAM>::PER];
-  ChunkView &v = views[team_index<TEAM>()];
-  if (at.active) {
-    if (team_lane<TEAM>() == 0) load_view<MTOPT__PASS_UPDATE>(p, at.c, v);
-    team_sync<TEAM>();
-  }
-  /* A skipped step changes nothing, but its chunks still count. */
-  if (at.active && !v.skip) {
+  } else if (v.skip) {
+    /* a skipped step changes nothing; its chunks still count */
+  } else if constexpr (PASS == MTOPT__PASS_UPDATE) {
     if constexpr (KIND == MTOPT__KIND_ADAMW || KIND == MTOPT__KIND_ADAM) {
       AdamOp<KIND == MTOPT__KIND_ADAMW> op{v.s};
       float *const arr[4] = {v.w, v.g, v.s0, v.s1};
@@ -406,26 +380,11 @@ __global__ void __launch_bounds__(kBlock)
       const float wsq = team_sum<TEAM>(op.wsq);
       const float usq = team_sum<TEAM>(op.usq);
       if (team_lane<TEAM>() == 0) {
-        p.slot_wsq[at.c] = wsq;
-        p.slot_usq[at.c] = usq;
+        p.slot_wsq[c] = wsq;
+        p.slot_usq[c] = usq;
       }
     }
-  }
-  finish_block<MTOPT__PASS_UPDATE>(p, at.chunks);
-}
-
-template <int TEAM>
-__global__ void __launch_bounds__(kBlock)
-    lamb_apply_kernel(mtopt__dev_plan_t p, int64_t c0, int64_t c1) {
-  const Place<TEAM> at(c0, c1);
-  __shared__ ChunkView views[Place<TEAM>::PER];
-  __shared__ float steps[Place<TEAM>::PER];
-  ChunkView &v = views[team_index<TEAM>()];
-  if (at.active) {
-    if (team_lane<TEAM>() == 0) load_view<MTOPT__PASS_LAMB_APPLY>(p, at.c, v);
-    team_sync<TEAM>();
-  }
-  if (at.active && !v.skip) {
+  } else { /* LAMB_APPLY */
     /* The tensor's norms from its slots: every chunk of the tensor reduces the
      * same slots in the same order, so all of them use the same step. */
     double wsq = 0.0, usq = 0.0;
@@ -437,14 +396,63 @@ __global__ void __launch_bounds__(kBlock)
     }
     wsq = team_sum<TEAM>(wsq);
     usq = team_sum<TEAM>(usq);
-    float &step = steps[team_index<TEAM>()];
+    float step = 0.0f;
     if (team_lane<TEAM>() == 0) step = mtopt__lamb_step(p.hyper, &v.s, (float)wsq, (float)usq);
-    team_sync<TEAM>();
+    if constexpr (TEAM == kBlock) {
+      __shared__ float shared_step;
+      if (threadIdx.x == 0) shared_step = step;
+      __syncthreads();
+      step = shared_step;
+    } else {
+      step = __shfl_sync(0xffffffffu, step, 0);
+    }
     LambApplyOp op{v.s, step};
     float *const arr[3] = {v.w, v.s0, v.s1};
     stream_chunk<TEAM, 3, 0x1u>(arr, v.len, op); /* store w */
   }
-  finish_block<MTOPT__PASS_LAMB_APPLY>(p, at.chunks);
+  team_sync<TEAM>(); /* v is reused by the team's next chunk */
+}
+
+/* ---- the kernels ----
+ * Large chunks: a block per chunk, chunk c0 + blockIdx.x.
+ * Small chunks: a grid of a few blocks per SM whose warps fetch chunks one at
+ * a time from a counter in the hyper block, so no warp waits for a sibling
+ * with a larger chunk (their sizes differ by 1000x among small tensors) and
+ * the block's completion count comes once, at the end. The block that exits
+ * last resets the counter for the next launch (graph replays included). */
+template <int PASS, int KIND>
+__global__ void __launch_bounds__(kBlock) block_kernel(mtopt__dev_plan_t p, int64_t c0) {
+  __shared__ ChunkView v;
+  do_chunk<kBlock, PASS, KIND>(p, c0 + blockIdx.x, v);
+  finish_block<PASS>(p, 1u);
+}
+
+template <int PASS, int KIND>
+__global__ void __launch_bounds__(kBlock) warp_kernel(mtopt__dev_plan_t p, int64_t c0,
+                                                      int64_t c1) {
+  __shared__ ChunkView views[kBlock / 32];
+  __shared__ unsigned done;
+  if (threadIdx.x == 0) done = 0;
+  __syncthreads();
+  ChunkView &v = views[team_index<32>()];
+  const int lane = team_lane<32>();
+  unsigned mine = 0;
+  for (;;) {
+    unsigned k = 0;
+    if (lane == 0) k = atomicAdd(&p.hyper->chunks_fetched, 1u);
+    k = __shfl_sync(0xffffffffu, k, 0);
+    if ((int64_t)k >= c1 - c0) break;
+    do_chunk<32, PASS, KIND>(p, c0 + k, v);
+    mine++;
+  }
+  if (lane == 0) atomicAdd(&done, mine);
+  __syncthreads(); /* every warp has stopped fetching */
+  if (threadIdx.x == 0) {
+    /* atomicInc wraps the exit count to 0 itself on the last block */
+    if (atomicInc(&p.hyper->blocks_exited, gridDim.x - 1) == gridDim.x - 1)
+      atomicExch(&p.hyper->chunks_fetched, 0u);
+  }
+  finish_block<PASS>(p, done);
 }
 
 /* A pass over a plan with no chunks (an empty model, or a ZeRO-1 rank that
@@ -479,35 +487,18 @@ __global__ void write_kernel(unsigned char *dst, WriteArgs src, int n) {
 
 } /* namespace */
 
-template <int TEAM>
-static void launch_pass(const mtopt__dev_plan_t &p, int pass, int64_t c0, int64_t c1,
-                        cudaStream_t stream) {
-  constexpr int PER = kBlock / TEAM;
-  const dim3 grid((unsigned)((c1 - c0 + PER - 1) / PER)), block(kBlock);
-  switch (pass) {
-  case MTOPT__PASS_STATS:
-    stats_kernel<TEAM><<<grid, block, 0, stream>>>(p, c0, c1);
-    break;
-  case MTOPT__PASS_UPDATE:
-    switch (p.kind) {
-    case MTOPT__KIND_ADAMW:
-      update_kernel<TEAM, MTOPT__KIND_ADAMW><<<grid, block, 0, stream>>>(p, c0, c1);
-      break;
-    case MTOPT__KIND_ADAM:
-      update_kernel<TEAM, MTOPT__KIND_ADAM><<<grid, block, 0, stream>>>(p, c0, c1);
-      break;
-    case MTOPT__KIND_SGD:
-      update_kernel<TEAM, MTOPT__KIND_SGD><<<grid, block, 0, stream>>>(p, c0, c1);
-      break;
-    default:
-      update_kernel<TEAM, MTOPT__KIND_LAMB><<<grid, block, 0, stream>>>(p, c0, c1);
-      break;
-    }
-    break;
-  default:
-    lamb_apply_kernel<TEAM><<<grid, block, 0, stream>>>(p, c0, c1);
-    break;
+template <int PASS, int KIND>
+static void launch(const mtopt__dev_plan_t &p, int64_t c0, int64_t c1, cudaStream_t stream) {
+  const int64_t n = c1 - c0;
+  if (p.mean_chunk_len >= kWarpTeamBelow) {
+    block_kernel<PASS, KIND><<<(unsigned)n, kBlock, 0, stream>>>(p, c0);
+    return;
   }
+  /* Enough blocks to fill the SMs (a few resident per SM), no more than the
+   * chunks need. */
+  const int64_t want = (n + kBlock / 32 - 1) / (kBlock / 32);
+  const int64_t fill = (int64_t)p.sm_count * kWarpBlocksPerSm;
+  warp_kernel<PASS, KIND><<<(unsigned)(want < fill ? want : fill), kBlock, 0, stream>>>(p, c0, c1);
 }
 
 extern "C" cudaError_t mtopt__launch_pass(const mtopt__dev_plan_t *plan, int pass,
@@ -520,12 +511,20 @@ extern "C" cudaError_t mtopt__launch_pass(const mtopt__dev_plan_t *plan, int pas
   if (pass < MTOPT__PASS_STATS || pass > MTOPT__PASS_LAMB_APPLY ||
       plan->kind < MTOPT__KIND_ADAMW || plan->kind > MTOPT__KIND_LAMB)
     return cudaErrorInvalidValue;
-  /* Chunks of a few thousand elements or fewer on average (many small
-   * tensors) go a warp each; larger ones a block each. */
-  if (plan->mean_chunk_len < kWarpTeamBelow)
-    launch_pass<32>(*plan, pass, c0, c1, stream);
+  /* The statistics pass is the same for every kind, and LAMB_APPLY is LAMB's:
+   * one instantiation each. */
+  if (pass == MTOPT__PASS_STATS)
+    launch<MTOPT__PASS_STATS, MTOPT__KIND_ADAMW>(*plan, c0, c1, stream);
+  else if (pass == MTOPT__PASS_LAMB_APPLY)
+    launch<MTOPT__PASS_LAMB_APPLY, MTOPT__KIND_LAMB>(*plan, c0, c1, stream);
+  else if (plan->kind == MTOPT__KIND_ADAMW)
+    launch<MTOPT__PASS_UPDATE, MTOPT__KIND_ADAMW>(*plan, c0, c1, stream);
+  else if (plan->kind == MTOPT__KIND_ADAM)
+    launch<MTOPT__PASS_UPDATE, MTOPT__KIND_ADAM>(*plan, c0, c1, stream);
+  else if (plan->kind == MTOPT__KIND_SGD)
+    launch<MTOPT__PASS_UPDATE, MTOPT__KIND_SGD>(*plan, c0, c1, stream);
   else
-    launch_pass<kBlock>(*plan, pass, c0, c1, stream);
+    launch<MTOPT__PASS_UPDATE, MTOPT__KIND_LAMB>(*plan, c0, c1, stream);
   return cudaGetLastError();
 }
 

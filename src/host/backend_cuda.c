@@ -256,6 +256,7 @@ static mtopt_status_t cuda_run_pass(mtopt_context_t *ctx, const mtopt__plan_t *p
       .stats_sum = plan->stats_sum,
       .num_chunks = plan->num_chunks,
       .mean_chunk_len = plan->num_chunks ? plan->num_elements / plan->num_chunks : 0,
+      .sm_count = state_of(ctx)->sm_count,
       .kind = plan->kind,
       .defer_stats = plan->defer_stats != 0 && plan->stats_sum != NULL,
   };
