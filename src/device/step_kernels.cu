@@ -21,7 +21,8 @@
  *                            2 launches
  * The statistics pass adds one read of g (4 B).
  *
- * Grid shape: one block per chunk. The chunk table already cuts the work into
+ * Grid shape, large chunks (a plan whose mean chunk has >= 4096 elements):
+ * one block per chunk. The chunk table already cuts the work into
  * pieces of chunk_size elements (64 K by default: 256 KB per array, far above
  * any per-block overhead), so a block per chunk lets the hardware block
  * scheduler balance unequal chunks (tensor tails, tiny tensors) dynamically,
@@ -33,7 +34,10 @@
  * block (about 1/22 of a GPT-2 XL step on 132 SMs); dynamic fetching would need
  * a second counter to reset inside a graph. The grid limit (2^31-1 blocks in x)
  * covers every plan: the optimizer refuses plans of more than 2^31-1 chunks.
- * The SM count read at init is kept in the backend state for tuning reports.
+ * Small chunks (many small tensors): a block's chunk is a few hundred
+ * elements, so its fixed costs dominate; there the warps of a grid of a few
+ * blocks per SM (from the SM count read at init) take chunks one at a time
+ * from a counter (warp_kernel below).
  *
  * Inner loop: 16-byte (float4) loads and stores, ILP float4 per array loaded
  * per thread before any is used (8 float4 in flight per thread whatever the
@@ -94,10 +98,10 @@ __device__ __forceinline__ T block_sum(T v) {
 }
 
 /* ---- teams: the threads that share one chunk ----
- * TEAM == kBlock: a block per chunk (the default). TEAM == 32: a warp per
- * chunk, kBlock / 32 chunks per block, for plans of small chunks (many small
- * tensors), where a block's fixed costs (the chunk/tensor/scalar prologue, the
- * completion count) would otherwise outweigh its few hundred elements. */
+ * TEAM == kBlock: a block per chunk (large chunks). TEAM == 32: a warp per
+ * chunk, for plans of small chunks (many small tensors), where a block's fixed
+ * costs (the chunk/tensor/scalar prologue, the completion count) would
+ * otherwise outweigh its few hundred elements. */
 template <int TEAM>
 __device__ __forceinline__ int team_lane() {
   return TEAM == kBlock ? (int)threadIdx.x : (int)(threadIdx.x & (TEAM - 1));
