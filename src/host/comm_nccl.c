@@ -396,68 +396,42 @@ done:
 
 /* ---- collectives ---- */
 
+/* The body every collective shares: refused on a failed communicator, nothing
+ * to do for an empty range (every rank has the same plan, so all skip it), the
+ * context's device current around the NCCL call. */
+#define COLLECTIVE(n, what, count, call)                                       \
+  do {                                                                         \
+    CHECK(usable((n), (what)));                                                \
+    if ((count) == 0) return MTOPT_STATUS_SUCCESS;                             \
+    dev_guard_t g_;                                                            \
+    CHECK(dev_enter((n)->ctx, &g_));                                           \
+    const ncclResult_t r_ = (call);                                            \
+    dev_leave(&g_);                                                            \
+    return r_ == ncclSuccess ? MTOPT_STATUS_SUCCESS : nccl_fail((n)->ctx, r_, (what)); \
+  } while (0)
+
 mtopt_status_t mtopt__nccl_allreduce_avg_f32(mtopt__nccl_t *n, float *buf, int64_t count) {
-  static const char what[] = "ncclAllReduce (bucket)";
-  CHECK(usable(n, what));
-  if (count == 0) return MTOPT_STATUS_SUCCESS; /* every rank has the same plan */
-  dev_guard_t g_;
-  CHECK(dev_enter(n->ctx, &g_));
-  mtopt_status_t st_ = MTOPT_STATUS_SUCCESS;
-  NCCL_TRY(n->ctx,
-           ncclAllReduce(buf, buf, (size_t)count, ncclFloat32, ncclAvg, n->comm, n->stream),
-           what);
-done:
-  dev_leave(&g_);
-  return st_;
+  COLLECTIVE(n, "ncclAllReduce (bucket)", count,
+             ncclAllReduce(buf, buf, (size_t)count, ncclFloat32, ncclAvg, n->comm, n->stream));
 }
 
 mtopt_status_t mtopt__nccl_reduce_scatter_avg_f32(mtopt__nccl_t *n, const float *send,
                                                   float *recv, int64_t recvcount) {
-  static const char what[] = "ncclReduceScatter (bucket)";
-  CHECK(usable(n, what));
-  if (recvcount == 0) return MTOPT_STATUS_SUCCESS;
-  dev_guard_t g_;
-  CHECK(dev_enter(n->ctx, &g_));
-  mtopt_status_t st_ = MTOPT_STATUS_SUCCESS;
-  NCCL_TRY(n->ctx,
-           ncclReduceScatter(send, recv, (size_t)recvcount, ncclFloat32, ncclAvg, n->comm,
-                             n->stream),
-           what);
-done:
-  dev_leave(&g_);
-  return st_;
+  COLLECTIVE(n, "ncclReduceScatter (bucket)", recvcount,
+             ncclReduceScatter(send, recv, (size_t)recvcount, ncclFloat32, ncclAvg, n->comm,
+                               n->stream));
 }
 
 mtopt_status_t mtopt__nccl_allgather_f32(mtopt__nccl_t *n, float *buf, int64_t count) {
-  static const char what[] = "ncclAllGather (weights)";
-  CHECK(usable(n, what));
-  if (count == 0) return MTOPT_STATUS_SUCCESS;
-  dev_guard_t g_;
-  CHECK(dev_enter(n->ctx, &g_));
-  mtopt_status_t st_ = MTOPT_STATUS_SUCCESS;
   /* In place: NCCL's rule is sendbuff == recvbuff + rank * sendcount. */
-  NCCL_TRY(n->ctx,
-           ncclAllGather(buf + (int64_t)n->rank * count, buf, (size_t)count, ncclFloat32,
-                         n->comm, n->stream),
-           what);
-done:
-  dev_leave(&g_);
-  return st_;
+  COLLECTIVE(n, "ncclAllGather (weights)", count,
+             ncclAllGather(buf + (int64_t)n->rank * count, buf, (size_t)count, ncclFloat32,
+                           n->comm, n->stream));
 }
 
 mtopt_status_t mtopt__nccl_allreduce_sum_f64(mtopt__nccl_t *n, double *buf, int64_t count) {
-  static const char what[] = "ncclAllReduce (gradient norm)";
-  CHECK(usable(n, what));
-  if (count == 0) return MTOPT_STATUS_SUCCESS;
-  dev_guard_t g_;
-  CHECK(dev_enter(n->ctx, &g_));
-  mtopt_status_t st_ = MTOPT_STATUS_SUCCESS;
-  NCCL_TRY(n->ctx,
-           ncclAllReduce(buf, buf, (size_t)count, ncclFloat64, ncclSum, n->comm, n->stream),
-           what);
-done:
-  dev_leave(&g_);
-  return st_;
+  COLLECTIVE(n, "ncclAllReduce (gradient norm)", count,
+             ncclAllReduce(buf, buf, (size_t)count, ncclFloat64, ncclSum, n->comm, n->stream));
 }
 
 mtopt_status_t mtopt__nccl_copy(mtopt__nccl_t *n, void *dst, const void *src, size_t bytes) {
