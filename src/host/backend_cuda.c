@@ -12,7 +12,7 @@
 
 #include <cuda_runtime_api.h>
 
-#include "internal.h"
+#include "cuda_glue.h"
 #include "mtopt/mtopt_cuda.h"
 #include "../device/launch.h"
 
@@ -26,30 +26,20 @@ static cuda_state_t *state_of(const mtopt_context_t *ctx) {
   return (cuda_state_t *)ctx->backend_state;
 }
 
-static mtopt_status_t cuda_fail(mtopt_context_t *ctx, cudaError_t e, const char *what) {
-  /* Clear the runtime's last-error slot (non-sticky errors), so a later launch
-   * check does not report this failure again. */
-  (void)cudaGetLastError();
+mtopt_status_t mtopt__cuda_fail(mtopt_context_t *ctx, cudaError_t e, const char *what) {
+  (void)cudaGetLastError(); /* non-sticky errors: not reported twice */
   const mtopt_status_t st =
       e == cudaErrorMemoryAllocation ? MTOPT_STATUS_OUT_OF_MEMORY : MTOPT_STATUS_CUDA_ERROR;
-  return mtopt__error(ctx, st, "%s: %s", what, cudaGetErrorString(e));
+  return mtopt__error(ctx, st, "%s: %s: %s", what, cudaGetErrorName(e), cudaGetErrorString(e));
 }
 
 #define CUDA_CHECK(ctx, call, what)                                            \
   do {                                                                         \
     cudaError_t cuda_e_ = (call);                                              \
-    if (cuda_e_ != cudaSuccess) return cuda_fail((ctx), cuda_e_, (what));      \
+    if (cuda_e_ != cudaSuccess) return mtopt__cuda_fail((ctx), cuda_e_, (what)); \
   } while (0)
 
-/* The runtime's current device is per host thread and the user may change it:
- * make the context's device current for the duration of a call and put the
- * caller's back afterwards. One cudaGetDevice when it is already current. */
-typedef struct {
-  int prev;
-  int switched;
-} device_guard_t;
-
-static mtopt_status_t device_enter(mtopt_context_t *ctx, device_guard_t *g) {
+mtopt_status_t mtopt__device_enter(mtopt_context_t *ctx, mtopt__device_guard_t *g) {
   g->switched = 0;
   CUDA_CHECK(ctx, cudaGetDevice(&g->prev), "cudaGetDevice");
   if (g->prev != ctx->device) {
@@ -59,7 +49,7 @@ static mtopt_status_t device_enter(mtopt_context_t *ctx, device_guard_t *g) {
   return MTOPT_STATUS_SUCCESS;
 }
 
-static void device_leave(const device_guard_t *g) {
+void mtopt__device_leave(const mtopt__device_guard_t *g) {
   if (g->switched) (void)cudaSetDevice(g->prev);
 }
 
@@ -77,14 +67,14 @@ static mtopt_status_t cuda_init(mtopt_context_t *ctx) {
     return mtopt__error(ctx, MTOPT_STATUS_CUDA_ERROR,
                         "CUDA device %d does not exist (%d device%s present)", ctx->device,
                         count, count == 1 ? "" : "s");
-  device_guard_t g;
-  CHECK(device_enter(ctx, &g));
+  mtopt__device_guard_t g;
+  CHECK(mtopt__device_enter(ctx, &g));
   int sms = 0;
   e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, ctx->device);
   /* Initialise the device's primary context now, at set-up, not in a step. */
   if (e == cudaSuccess) e = cudaFree(NULL);
-  device_leave(&g);
-  if (e != cudaSuccess) return cuda_fail(ctx, e, "initialising the CUDA device");
+  mtopt__device_leave(&g);
+  if (e != cudaSuccess) return mtopt__cuda_fail(ctx, e, "initialising the CUDA device");
   cuda_state_t *s = calloc(1, sizeof *s);
   if (!s) return mtopt__error(ctx, MTOPT_STATUS_OUT_OF_MEMORY, "CUDA context: calloc failed");
   s->stream = 0;
@@ -101,8 +91,8 @@ static void cuda_fini(mtopt_context_t *ctx) {
 /* ---- memory ---- */
 
 static mtopt_status_t cuda_alloc(mtopt_context_t *ctx, size_t bytes, void **out) {
-  device_guard_t g;
-  CHECK(device_enter(ctx, &g));
+  mtopt__device_guard_t g;
+  CHECK(mtopt__device_enter(ctx, &g));
   void *p = NULL;
   cudaError_t e = cudaMalloc(&p, bytes ? bytes : 256); /* 256-byte aligned */
   /* Zeroed before any later work on the context's stream can see it (the
@@ -110,21 +100,21 @@ static mtopt_status_t cuda_alloc(mtopt_context_t *ctx, size_t bytes, void **out)
   if (e == cudaSuccess) e = cudaMemsetAsync(p, 0, bytes, state_of(ctx)->stream);
   if (e == cudaSuccess) e = cudaStreamSynchronize(state_of(ctx)->stream);
   if (e != cudaSuccess && p) (void)cudaFree(p);
-  device_leave(&g);
+  mtopt__device_leave(&g);
   if (e != cudaSuccess) {
     char what[96];
     snprintf(what, sizeof what, "allocating %zu bytes of device memory", bytes);
-    return cuda_fail(ctx, e, what);
+    return mtopt__cuda_fail(ctx, e, what);
   }
   *out = p;
   return MTOPT_STATUS_SUCCESS;
 }
 
 static void cuda_release(mtopt_context_t *ctx, void *p) {
-  device_guard_t g;
-  if (device_enter(ctx, &g) != MTOPT_STATUS_SUCCESS) return;
+  mtopt__device_guard_t g;
+  if (mtopt__device_enter(ctx, &g) != MTOPT_STATUS_SUCCESS) return;
   if (cudaFree(p) != cudaSuccess) (void)cudaGetLastError();
-  device_leave(&g);
+  mtopt__device_leave(&g);
 }
 
 /* Set-up copy, complete on return. On the context's stream and synchronised,
@@ -133,13 +123,13 @@ static void cuda_release(mtopt_context_t *ctx, void *p) {
 static mtopt_status_t cuda_upload(mtopt_context_t *ctx, void *dst, const void *src,
                                   size_t bytes) {
   if (bytes == 0) return MTOPT_STATUS_SUCCESS;
-  device_guard_t g;
-  CHECK(device_enter(ctx, &g));
+  mtopt__device_guard_t g;
+  CHECK(mtopt__device_enter(ctx, &g));
   const cudaStream_t s = state_of(ctx)->stream;
   cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, s);
   if (e == cudaSuccess) e = cudaStreamSynchronize(s);
-  device_leave(&g);
-  if (e != cudaSuccess) return cuda_fail(ctx, e, "copying to the device");
+  mtopt__device_leave(&g);
+  if (e != cudaSuccess) return mtopt__cuda_fail(ctx, e, "copying to the device");
   return MTOPT_STATUS_SUCCESS;
 }
 
@@ -147,13 +137,13 @@ static mtopt_status_t cuda_upload(mtopt_context_t *ctx, void *dst, const void *s
 static mtopt_status_t cuda_download(mtopt_context_t *ctx, void *dst, const void *src,
                                     size_t bytes) {
   if (bytes == 0) return MTOPT_STATUS_SUCCESS;
-  device_guard_t g;
-  CHECK(device_enter(ctx, &g));
+  mtopt__device_guard_t g;
+  CHECK(mtopt__device_enter(ctx, &g));
   const cudaStream_t s = state_of(ctx)->stream;
   cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, s);
   if (e == cudaSuccess) e = cudaStreamSynchronize(s);
-  device_leave(&g);
-  if (e != cudaSuccess) return cuda_fail(ctx, e, "copying from the device");
+  mtopt__device_leave(&g);
+  if (e != cudaSuccess) return mtopt__cuda_fail(ctx, e, "copying from the device");
   return MTOPT_STATUS_SUCCESS;
 }
 
@@ -167,21 +157,21 @@ static mtopt_status_t cuda_download(mtopt_context_t *ctx, void *dst, const void 
 static mtopt_status_t cuda_write_ordered(mtopt_context_t *ctx, void *dst, const void *src,
                                          size_t bytes) {
   if (bytes == 0) return MTOPT_STATUS_SUCCESS;
-  device_guard_t g;
-  CHECK(device_enter(ctx, &g));
+  mtopt__device_guard_t g;
+  CHECK(mtopt__device_enter(ctx, &g));
   const cudaError_t e = mtopt__launch_write(dst, src, bytes, state_of(ctx)->stream);
-  device_leave(&g);
-  if (e != cudaSuccess) return cuda_fail(ctx, e, "launching a hyperparameter write");
+  mtopt__device_leave(&g);
+  if (e != cudaSuccess) return mtopt__cuda_fail(ctx, e, "launching a hyperparameter write");
   return MTOPT_STATUS_SUCCESS;
 }
 
 static mtopt_status_t cuda_zero_ordered(mtopt_context_t *ctx, void *dst, size_t bytes) {
   if (bytes == 0) return MTOPT_STATUS_SUCCESS;
-  device_guard_t g;
-  CHECK(device_enter(ctx, &g));
+  mtopt__device_guard_t g;
+  CHECK(mtopt__device_enter(ctx, &g));
   const cudaError_t e = cudaMemsetAsync(dst, 0, bytes, state_of(ctx)->stream);
-  device_leave(&g);
-  if (e != cudaSuccess) return cuda_fail(ctx, e, "cudaMemsetAsync");
+  mtopt__device_leave(&g);
+  if (e != cudaSuccess) return mtopt__cuda_fail(ctx, e, "cudaMemsetAsync");
   return MTOPT_STATUS_SUCCESS;
 }
 
@@ -227,12 +217,12 @@ static mtopt_status_t check_one(mtopt_context_t *ctx, const void *p, const char 
 static mtopt_status_t cuda_check_pointer(mtopt_context_t *ctx, const void *p, size_t bytes,
                                          const char *what, int64_t tensor) {
   if (bytes == 0) return MTOPT_STATUS_SUCCESS;
-  device_guard_t g;
-  CHECK(device_enter(ctx, &g));
+  mtopt__device_guard_t g;
+  CHECK(mtopt__device_enter(ctx, &g));
   mtopt_status_t st = check_one(ctx, p, what, tensor, "first");
   if (st == MTOPT_STATUS_SUCCESS && bytes > 1)
     st = check_one(ctx, (const char *)p + bytes - 1, what, tensor, "last");
-  device_leave(&g);
+  mtopt__device_leave(&g);
   return st;
 }
 
@@ -260,27 +250,27 @@ static mtopt_status_t cuda_run_pass(mtopt_context_t *ctx, const mtopt__plan_t *p
       .kind = plan->kind,
       .defer_stats = plan->defer_stats != 0 && plan->stats_sum != NULL,
   };
-  device_guard_t g;
-  CHECK(device_enter(ctx, &g));
+  mtopt__device_guard_t g;
+  CHECK(mtopt__device_enter(ctx, &g));
   const cudaError_t e = mtopt__launch_pass(&p, (int)pass, c0, c1, state_of(ctx)->stream);
-  device_leave(&g);
+  mtopt__device_leave(&g);
   if (e != cudaSuccess) {
     static const char *const names[] = {"statistics", "update", "LAMB apply"};
     char what[64];
     snprintf(what, sizeof what, "launching the %s pass",
              (unsigned)pass < 3 ? names[pass] : "unknown");
-    return cuda_fail(ctx, e, what);
+    return mtopt__cuda_fail(ctx, e, what);
   }
   return MTOPT_STATUS_SUCCESS;
 }
 
 static mtopt_status_t cuda_synchronize(mtopt_context_t *ctx) {
-  device_guard_t g;
-  CHECK(device_enter(ctx, &g));
+  mtopt__device_guard_t g;
+  CHECK(mtopt__device_enter(ctx, &g));
   const cudaError_t e = cudaStreamSynchronize(state_of(ctx)->stream);
-  device_leave(&g);
+  mtopt__device_leave(&g);
   if (e != cudaSuccess)
-    return cuda_fail(ctx, e, "cudaStreamSynchronize (an earlier step or copy failed)");
+    return mtopt__cuda_fail(ctx, e, "cudaStreamSynchronize (an earlier step or copy failed)");
   return MTOPT_STATUS_SUCCESS;
 }
 
@@ -289,12 +279,12 @@ static mtopt_status_t cuda_synchronize(mtopt_context_t *ctx) {
 static mtopt_status_t cuda_finish_stats(mtopt_context_t *ctx, const mtopt__plan_t *plan) {
   if (!plan->stats_sum)
     return mtopt__error(ctx, MTOPT_STATUS_INTERNAL, "finish_stats: the plan has no stats_sum");
-  device_guard_t g;
-  CHECK(device_enter(ctx, &g));
+  mtopt__device_guard_t g;
+  CHECK(mtopt__device_enter(ctx, &g));
   const cudaError_t e =
       mtopt__launch_finish_stats(plan->hyper, plan->stats_sum, state_of(ctx)->stream);
-  device_leave(&g);
-  if (e != cudaSuccess) return cuda_fail(ctx, e, "launching the statistics finaliser");
+  mtopt__device_leave(&g);
+  if (e != cudaSuccess) return mtopt__cuda_fail(ctx, e, "launching the statistics finaliser");
   return MTOPT_STATUS_SUCCESS;
 }
 

@@ -25,6 +25,7 @@
 #include <nccl.h>
 
 #include "comm_internal.h"
+#include "cuda_glue.h"
 #include "mtopt/mtopt_cuda.h"
 
 /* ncclAvg (the average folded into the reduction) arrived in NCCL 2.10. */
@@ -51,12 +52,6 @@ struct mtopt__nccl_events {
   cudaEvent_t ev[];
 };
 
-static mtopt_status_t cuda_fail(mtopt_context_t *ctx, cudaError_t e, const char *what) {
-  (void)cudaGetLastError(); /* clear a non-sticky error so it is not reported twice */
-  return mtopt__error(ctx, MTOPT_STATUS_CUDA_ERROR, "%s: CUDA error %s: %s", what,
-                      cudaGetErrorName(e), cudaGetErrorString(e));
-}
-
 static mtopt_status_t nccl_fail(mtopt_context_t *ctx, ncclResult_t r, const char *what) {
 #if NCCL_VERSION_CODE >= NCCL_VERSION(2, 13, 0)
   const char *detail = ncclGetLastError(NULL); /* NCCL's own detail, if any */
@@ -68,35 +63,13 @@ static mtopt_status_t nccl_fail(mtopt_context_t *ctx, ncclResult_t r, const char
                       detail ? detail : "", detail && *detail ? ")" : "");
 }
 
-/* ---- the context's device, current for the duration of a call ---- */
-
-typedef struct {
-  int prev, switched;
-} dev_guard_t;
-
-static mtopt_status_t dev_enter(mtopt_context_t *ctx, dev_guard_t *g) {
-  g->switched = 0;
-  cudaError_t e = cudaGetDevice(&g->prev);
-  if (e != cudaSuccess) return cuda_fail(ctx, e, "cudaGetDevice");
-  if (g->prev != ctx->device) {
-    e = cudaSetDevice(ctx->device);
-    if (e != cudaSuccess) return cuda_fail(ctx, e, "cudaSetDevice");
-    g->switched = 1;
-  }
-  return MTOPT_STATUS_SUCCESS;
-}
-
-static void dev_leave(const dev_guard_t *g) {
-  if (g->switched) (void)cudaSetDevice(g->prev);
-}
-
-/* Inside a function holding `dev_guard_t g_` and `mtopt_status_t st_`, with a
- * `done:` label that calls dev_leave. */
+/* Inside a function holding `mtopt__device_guard_t g_` and `mtopt_status_t st_`, with a
+ * `done:` label that calls mtopt__device_leave. */
 #define CUDA_TRY(ctx, expr, what)                                              \
   do {                                                                         \
     cudaError_t e_ = (expr);                                                   \
     if (e_ != cudaSuccess) {                                                   \
-      st_ = cuda_fail((ctx), e_, (what));                                      \
+      st_ = mtopt__cuda_fail((ctx), e_, (what));                                      \
       goto done;                                                               \
     }                                                                          \
   } while (0)
@@ -153,12 +126,12 @@ mtopt_status_t mtopt__nccl_comm_info(mtopt_context_t *ctx, void *nccl_comm, int 
 mtopt_status_t mtopt__nccl_create(mtopt_context_t *ctx, const void *id, int world, int rank,
                                   void *existing, int timeout_ms, mtopt__nccl_t **out) {
   static const char fn[] = "mtopt_comm_create (NCCL)";
-  dev_guard_t g_;
-  CHECK(dev_enter(ctx, &g_));
+  mtopt__device_guard_t g_;
+  CHECK(mtopt__device_enter(ctx, &g_));
   mtopt_status_t st_ = MTOPT_STATUS_SUCCESS;
   mtopt__nccl_t *n = calloc(1, sizeof *n);
   if (!n) {
-    dev_leave(&g_);
+    mtopt__device_leave(&g_);
     return mtopt__error(ctx, MTOPT_STATUS_OUT_OF_MEMORY, "%s: calloc failed", fn);
   }
   n->ctx = ctx;
@@ -190,7 +163,7 @@ done:
   } else {
     *out = n;
   }
-  dev_leave(&g_);
+  mtopt__device_leave(&g_);
   return st_;
 }
 
@@ -251,8 +224,8 @@ mtopt_status_t mtopt__nccl_synchronize(mtopt__nccl_t *n) {
   mtopt_context_t *ctx = n->ctx;
   static const char fn[] = "mtopt_dist_synchronize";
   CHECK(usable(n, fn));
-  dev_guard_t g_;
-  CHECK(dev_enter(ctx, &g_));
+  mtopt__device_guard_t g_;
+  CHECK(mtopt__device_enter(ctx, &g_));
   mtopt_status_t st_ = MTOPT_STATUS_SUCCESS;
   const double deadline = now_ms() + n->timeout_ms;
   const cudaStream_t s2 = ctx_stream(ctx);
@@ -282,7 +255,7 @@ mtopt_status_t mtopt__nccl_synchronize(mtopt__nccl_t *n) {
     sched_yield();
   }
 done:
-  dev_leave(&g_);
+  mtopt__device_leave(&g_);
   return st_;
 }
 
@@ -290,8 +263,8 @@ mtopt_status_t mtopt__nccl_destroy(mtopt__nccl_t *n) {
   if (!n) return MTOPT_STATUS_SUCCESS;
   mtopt_status_t st = MTOPT_STATUS_SUCCESS;
   if (n->comm && !n->failed) st = mtopt__nccl_synchronize(n);
-  dev_guard_t g;
-  const int entered = dev_enter(n->ctx, &g) == MTOPT_STATUS_SUCCESS;
+  mtopt__device_guard_t g;
+  const int entered = mtopt__device_enter(n->ctx, &g) == MTOPT_STATUS_SUCCESS;
   if (n->owned && n->comm) {
     ncclResult_t r = ncclCommDestroy(n->comm);
     if (r != ncclSuccess && st == MTOPT_STATUS_SUCCESS) st = nccl_fail(n->ctx, r, "ncclCommDestroy");
@@ -299,32 +272,32 @@ mtopt_status_t mtopt__nccl_destroy(mtopt__nccl_t *n) {
   cudaEventDestroy(n->comm_done);
   cudaEventDestroy(n->compute_done);
   cudaStreamDestroy(n->stream); /* returns at once; resources go when the work is done */
-  if (entered) dev_leave(&g);
+  if (entered) mtopt__device_leave(&g);
   free(n);
   return st;
 }
 
 mtopt_status_t mtopt__nccl_comm_wait_compute(mtopt__nccl_t *n) {
   mtopt_context_t *ctx = n->ctx;
-  dev_guard_t g_;
-  CHECK(dev_enter(ctx, &g_));
+  mtopt__device_guard_t g_;
+  CHECK(mtopt__device_enter(ctx, &g_));
   mtopt_status_t st_ = MTOPT_STATUS_SUCCESS;
   CUDA_TRY(ctx, cudaEventRecord(n->compute_done, ctx_stream(ctx)), "cudaEventRecord");
   CUDA_TRY(ctx, cudaStreamWaitEvent(n->stream, n->compute_done, 0), "cudaStreamWaitEvent");
 done:
-  dev_leave(&g_);
+  mtopt__device_leave(&g_);
   return st_;
 }
 
 mtopt_status_t mtopt__nccl_compute_wait_comm(mtopt__nccl_t *n) {
   mtopt_context_t *ctx = n->ctx;
-  dev_guard_t g_;
-  CHECK(dev_enter(ctx, &g_));
+  mtopt__device_guard_t g_;
+  CHECK(mtopt__device_enter(ctx, &g_));
   mtopt_status_t st_ = MTOPT_STATUS_SUCCESS;
   CUDA_TRY(ctx, cudaEventRecord(n->comm_done, n->stream), "cudaEventRecord");
   CUDA_TRY(ctx, cudaStreamWaitEvent(ctx_stream(ctx), n->comm_done, 0), "cudaStreamWaitEvent");
 done:
-  dev_leave(&g_);
+  mtopt__device_leave(&g_);
   return st_;
 }
 
@@ -337,8 +310,8 @@ mtopt_status_t mtopt__nccl_events_create(mtopt__nccl_t *n, int count,
   mtopt__nccl_events_t *ev = calloc(1, sizeof *ev + (size_t)count * sizeof(cudaEvent_t));
   if (!ev) return mtopt__error(ctx, MTOPT_STATUS_OUT_OF_MEMORY, "events: calloc failed");
   ev->n = n;
-  dev_guard_t g_;
-  mtopt_status_t st_ = dev_enter(ctx, &g_);
+  mtopt__device_guard_t g_;
+  mtopt_status_t st_ = mtopt__device_enter(ctx, &g_);
   if (st_ != MTOPT_STATUS_SUCCESS) {
     free(ev);
     return st_;
@@ -347,7 +320,7 @@ mtopt_status_t mtopt__nccl_events_create(mtopt__nccl_t *n, int count,
     CUDA_TRY(ctx, cudaEventCreateWithFlags(&ev->ev[ev->count], cudaEventDisableTiming),
              "creating the bucket events");
 done:
-  dev_leave(&g_);
+  mtopt__device_leave(&g_);
   if (st_ != MTOPT_STATUS_SUCCESS) {
     mtopt__nccl_events_destroy(ev);
     return st_;
@@ -358,10 +331,10 @@ done:
 
 void mtopt__nccl_events_destroy(mtopt__nccl_events_t *ev) {
   if (!ev) return;
-  dev_guard_t g;
-  const int entered = dev_enter(ev->n->ctx, &g) == MTOPT_STATUS_SUCCESS;
+  mtopt__device_guard_t g;
+  const int entered = mtopt__device_enter(ev->n->ctx, &g) == MTOPT_STATUS_SUCCESS;
   for (int i = 0; i < ev->count; i++) cudaEventDestroy(ev->ev[i]);
-  if (entered) dev_leave(&g);
+  if (entered) mtopt__device_leave(&g);
   free(ev);
 }
 
@@ -370,12 +343,12 @@ mtopt_status_t mtopt__nccl_record(mtopt__nccl_events_t *ev, int i) {
   if (i < 0 || i >= ev->count)
     return mtopt__error(n->ctx, MTOPT_STATUS_INTERNAL, "bucket event %d out of [0, %d)", i,
                         ev->count);
-  dev_guard_t g_;
-  CHECK(dev_enter(n->ctx, &g_));
+  mtopt__device_guard_t g_;
+  CHECK(mtopt__device_enter(n->ctx, &g_));
   mtopt_status_t st_ = MTOPT_STATUS_SUCCESS;
   CUDA_TRY(n->ctx, cudaEventRecord(ev->ev[i], n->stream), "cudaEventRecord (bucket)");
 done:
-  dev_leave(&g_);
+  mtopt__device_leave(&g_);
   return st_;
 }
 
@@ -384,13 +357,13 @@ mtopt_status_t mtopt__nccl_compute_wait(mtopt__nccl_events_t *ev, int i) {
   if (i < 0 || i >= ev->count)
     return mtopt__error(n->ctx, MTOPT_STATUS_INTERNAL, "bucket event %d out of [0, %d)", i,
                         ev->count);
-  dev_guard_t g_;
-  CHECK(dev_enter(n->ctx, &g_));
+  mtopt__device_guard_t g_;
+  CHECK(mtopt__device_enter(n->ctx, &g_));
   mtopt_status_t st_ = MTOPT_STATUS_SUCCESS;
   CUDA_TRY(n->ctx, cudaStreamWaitEvent(ctx_stream(n->ctx), ev->ev[i], 0),
            "cudaStreamWaitEvent (bucket)");
 done:
-  dev_leave(&g_);
+  mtopt__device_leave(&g_);
   return st_;
 }
 
@@ -403,10 +376,10 @@ done:
   do {                                                                         \
     CHECK(usable((n), (what)));                                                \
     if ((count) == 0) return MTOPT_STATUS_SUCCESS;                             \
-    dev_guard_t g_;                                                            \
-    CHECK(dev_enter((n)->ctx, &g_));                                           \
+    mtopt__device_guard_t g_;                                                            \
+    CHECK(mtopt__device_enter((n)->ctx, &g_));                                           \
     const ncclResult_t r_ = (call);                                            \
-    dev_leave(&g_);                                                            \
+    mtopt__device_leave(&g_);                                                            \
     return r_ == ncclSuccess ? MTOPT_STATUS_SUCCESS : nccl_fail((n)->ctx, r_, (what)); \
   } while (0)
 
@@ -436,13 +409,13 @@ mtopt_status_t mtopt__nccl_allreduce_sum_f64(mtopt__nccl_t *n, double *buf, int6
 
 mtopt_status_t mtopt__nccl_copy(mtopt__nccl_t *n, void *dst, const void *src, size_t bytes) {
   if (bytes == 0 || dst == src) return MTOPT_STATUS_SUCCESS;
-  dev_guard_t g_;
-  CHECK(dev_enter(n->ctx, &g_));
+  mtopt__device_guard_t g_;
+  CHECK(mtopt__device_enter(n->ctx, &g_));
   mtopt_status_t st_ = MTOPT_STATUS_SUCCESS;
   CUDA_TRY(n->ctx, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, n->stream),
            "cudaMemcpyAsync (ZeRO-1 weights)");
 done:
-  dev_leave(&g_);
+  mtopt__device_leave(&g_);
   return st_;
 }
 
@@ -451,8 +424,8 @@ mtopt_status_t mtopt__nccl_allreduce_max_i64(mtopt__nccl_t *n, int64_t *host, in
   static const char what[] = "mtopt_dist_optimizer_create (plan check)";
   CHECK(usable(n, what));
   if (count <= 0) return MTOPT_STATUS_SUCCESS;
-  dev_guard_t g_;
-  CHECK(dev_enter(ctx, &g_));
+  mtopt__device_guard_t g_;
+  CHECK(mtopt__device_enter(ctx, &g_));
   mtopt_status_t st_ = MTOPT_STATUS_SUCCESS;
   void *dev = NULL;
   const size_t bytes = (size_t)count * sizeof(int64_t);
@@ -469,6 +442,6 @@ done:
   /* A collective that never finished may still write dev (a caller's
    * communicator is not aborted): leak it rather than free it under NCCL. */
   if (dev && (st_ == MTOPT_STATUS_SUCCESS || n->comm == NULL)) cudaFree(dev);
-  dev_leave(&g_);
+  mtopt__device_leave(&g_);
   return st_;
 }
