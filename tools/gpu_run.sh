@@ -239,10 +239,9 @@ fi
 SAN=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer \
       /usr/local/cuda/compute-sanitizer/compute-sanitizer 2>/dev/null | head -1)
 if [ -n "$SAN" ]; then
-  # MTOPT_TEST_SMALL asks the suite for reduced sizes where it supports it.
-  step memcheck 150 env CK_FORK=no MTOPT_TEST_SMALL=1 "$SAN" --tool memcheck \
+  step memcheck 150 env CK_FORK=no "$SAN" --tool memcheck \
     --leak-check full --error-exitcode 1 "$BUILD/tests/test_cuda_backend"
-  step racecheck 150 env CK_FORK=no MTOPT_TEST_SMALL=1 "$SAN" --tool racecheck \
+  step racecheck 150 env CK_FORK=no "$SAN" --tool racecheck \
     --error-exitcode 1 "$BUILD/tests/test_cuda_backend"
 else
   for s in memcheck racecheck; do
