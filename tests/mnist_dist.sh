@@ -14,15 +14,14 @@ mpiexec=${1:?$usage}
 bin=${2:?$usage}
 mode=${3:-cpu}
 data=${MNIST_DATA:-/usr/share/datasets/fashion-mnist}
-fail() { echo "FAIL: $*" >&2; exit 1; }
+. "$(dirname "$0")/mnist_common.sh"
 
 # Root in containers, no CMA between ranks, one OpenMP thread per rank (as the
 # dist_np* tests); ctest sets these too.
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_btl_vader_single_copy_mechanism=none OMP_NUM_THREADS=1
 
-[ -x "$bin" ] || fail "$bin was not built (the example needs OpenBLAS and zlib)"
-[ -d "$data" ] || fail "no data set at $data (apt install dataset-fashion-mnist, or set MNIST_DATA)"
+need_inputs "$bin" "$data"
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
@@ -32,7 +31,7 @@ run() { # run NAME NP ARGS...: mpiexec -n NP mnist_mlp ARGS, output in $work/NAM
   shift 2
   "$mpiexec" -n "$np" --oversubscribe "$bin" "$@" > "$work/$name.txt" 2>&1
 }
-accuracy() { sed -n 's/^test accuracy: \([0-9][0-9]*\.[0-9][0-9]\)%$/\1/p' "$work/$1.txt"; }
+accuracy() { accuracy_of "$work/$1.txt"; }
 epochs_of() { awk 'NF == 8 && $1 ~ /^[0-9]+$/ { print $1, $2, $3, $4 } /^test accuracy/' "$work/$1.txt"; }
 # Largest relative difference between the loss curves of two CSV files, and
 # its step ("no-number at step N" when a value is missing or not a number).
@@ -95,19 +94,8 @@ cat "$work/two.txt"
 grep -q "^data parallel: 2 rank(s), all-reduce over MPI" "$work/two.txt" ||
   fail "the 2-rank run did not report data parallel over MPI"
 [ "$(grep -c '^test accuracy' "$work/two.txt")" -eq 1 ] || fail "more than one rank printed"
-rows=$(( $(wc -l < "$work/loss.csv") - 1 ))
-[ "$rows" -eq $((steps * epochs)) ] || fail "loss.csv has $rows rows, expected $((steps * epochs))"
-read -r first last < <(awk -F, -v s="$steps" -v n="$rows" '
-  NR > 1 && NR - 1 <= s { a += $2 }
-  NR > 1 && NR - 1 > n - s { b += $2 }
-  NR > 1 && ($2 != $2 + 0 || $2 + 0 != $2 + 0) { bad = 1 }
-  END { if (bad) print "nan nan"; else printf "%.6f %.6f\n", a / s, b / s }' "$work/loss.csv")
-echo "2 ranks: mean loss first epoch $first, last epoch $last"
-awk -v a="$first" -v b="$last" 'BEGIN { exit !(b > 0 && b < 0.8 * a) }' ||
-  fail "the loss did not fall by 20% (first epoch $first, last epoch $last)"
-acc2=$(accuracy two)
-[ -n "$acc2" ] || fail "no 'test accuracy' line in the 2-rank run"
-awk -v a="$acc2" 'BEGIN { exit !(a > 70.0) }' || fail "2 ranks: test accuracy $acc2% is not above 70%"
+check_loss_falls "$work/loss.csv" $steps $epochs "2 ranks"
+acc2=$(check_accuracy "$work/two.txt" "2 ranks") || exit 1
 within "$acc1" "$acc2" 1.5 ||
   fail "2 ranks reached $acc2%, one process $acc1%: more than 1.5 points apart"
 echo "test accuracy: one process $acc1%, 2 ranks $acc2%"

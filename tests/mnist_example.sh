@@ -8,10 +8,8 @@
 set -u
 bin=${1:?usage: mnist_example.sh PATH/TO/mnist_mlp}
 data=${MNIST_DATA:-/usr/share/datasets/fashion-mnist}
-fail() { echo "FAIL: $*" >&2; exit 1; }
-
-[ -x "$bin" ] || fail "$bin was not built (the example needs OpenBLAS and zlib: apt install libopenblas-dev zlib1g-dev)"
-[ -d "$data" ] || fail "no data set at $data (apt install dataset-fashion-mnist, or set MNIST_DATA)"
+. "$(dirname "$0")/mnist_common.sh"
+need_inputs "$bin" "$data"
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
@@ -25,21 +23,8 @@ rc=$?
 cat "$work/out.txt"
 [ $rc -eq 0 ] || fail "training run exited with $rc"
 
-rows=$(( $(wc -l < "$work/loss.csv") - 1 ))
-[ "$rows" -eq $((steps * epochs)) ] || fail "loss.csv has $rows rows, expected $((steps * epochs))"
-# Mean loss of the first and of the last epoch, from the CSV.
-read -r first last < <(awk -F, -v s="$steps" -v n="$rows" '
-  NR > 1 && NR - 1 <= s { a += $2 }
-  NR > 1 && NR - 1 > n - s { b += $2 }
-  NR > 1 && ($2 != $2 + 0 || $2 + 0 != $2 + 0) { bad = 1 }
-  END { if (bad) print "nan nan"; else printf "%.6f %.6f\n", a / s, b / s }' "$work/loss.csv")
-echo "mean loss: first epoch $first, last epoch $last"
-awk -v a="$first" -v b="$last" 'BEGIN { exit !(b > 0 && b < 0.8 * a) }' ||
-  fail "the loss did not fall by 20% (first epoch $first, last epoch $last)"
-
-acc=$(sed -n 's/^test accuracy: \([0-9][0-9]*\.[0-9][0-9]\)%$/\1/p' "$work/out.txt")
-[ -n "$acc" ] || fail "no line 'test accuracy: NN.NN%' in the output"
-awk -v a="$acc" 'BEGIN { exit !(a > 70.0) }' || fail "test accuracy $acc% is not above 70%"
+check_loss_falls "$work/loss.csv" $steps $epochs "one process"
+acc=$(check_accuracy "$work/out.txt" "one process") || exit 1
 
 # 2. A directory without the data set: nonzero exit, the file named.
 "$bin" --cpu --data "$work/nowhere" > "$work/bad.txt" 2>&1
