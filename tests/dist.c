@@ -519,6 +519,9 @@ START_TEST(test_arguments) {
   if (g_backend == MTOPT_BACKEND_CPU)
     EXPECT_ST(&rec, mtopt_comm_create_nccl(ctx, &dummy, NULL, &comm), MTOPT_STATUS_NOT_SUPPORTED);
   EXPECT_ST(&rec, mtopt_comm_local_rank(MPI_COMM_WORLD, NULL), MTOPT_STATUS_INVALID_ARGUMENT);
+  int local = -1;
+  EXPECT_ST(&rec, mtopt_comm_local_rank(MPI_COMM_NULL, &local), MTOPT_STATUS_INVALID_ARGUMENT);
+  EXPECT(&rec, local == -1, "a refused call wrote local_rank");
   EXPECT(&rec, comm == NULL, "a failed create wrote *out");
 
   mtopt_comm_config_t cc = small_buckets(1);

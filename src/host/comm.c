@@ -127,6 +127,10 @@ mtopt_status_t mtopt_comm_local_rank(MPI_Comm comm, int *local_rank) {
   static const char fn[] = "mtopt_comm_local_rank";
   if (!local_rank)
     return mtopt__error(NULL, MTOPT_STATUS_INVALID_ARGUMENT, "%s: local_rank is NULL", fn);
+  /* The caller's communicator keeps its error handler (fatal by default):
+   * refuse what MPI would abort on. */
+  if (comm == MPI_COMM_NULL)
+    return mtopt__error(NULL, MTOPT_STATUS_INVALID_ARGUMENT, "%s: comm is MPI_COMM_NULL", fn);
   CHECK(check_mpi_ready(NULL, fn));
   MPI_Comm node;
   int rc = MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
