@@ -10,7 +10,8 @@
  * Each figure is the median over --iters of the slowest rank's time (ranks
  * start each timed call together after a barrier). "saved" is how much of the
  * shorter of comm and step the overlap hid: (comm + step - epilogue) /
- * min(comm, step).
+ * min(comm, step); "e/c" is epilogue / comm (1.0: the step is hidden
+ * entirely).
  * Bandwidth as nccl-tests defines it for all-reduce: algbw = gradient bytes /
  * comm time, busbw = algbw * 2(n-1)/n (the bytes each rank's link carries; the
  * same factor for reduce-scatter + all-gather). At one rank the factor is 0,
@@ -22,9 +23,14 @@
  * (mtopt_dist_synchronize / mtopt_context_synchronize on CUDA), so they
  * include launch overhead and one host synchronisation per iteration.
  *
+ * "colls" is the number of collectives per step (segments: a bucket over its
+ * size, such as one holding a large embedding, is reduced in several).
+ *
  *   mpirun -np 2 mtopt_dist_bench [--shape gpt2] [--buckets 1,4,25,100]
  *       [--iters 5] [--warmup 1] [--zero 0|1] [--backend cpu|cuda]
- *       [--kind adamw|sgd|lamb] [--threads N] [--csv]
+ *       [--kind adamw|sgd|lamb] [--threads N] [--comm-sms N] [--csv]
+ * --comm-sms sets mtopt_comm_config_t.comm_sm_count (CUDA: 0 automatic, -1 no
+ * SM partition, N SMs for the collectives); the header says what was used.
  * On CUDA each rank uses its node-local rank as the device (NCCL: set
  * NCCL_NVLS_ENABLE=0 on hosts where NVLink multicast must stay off). */
 #include <mpi.h>
@@ -114,7 +120,7 @@ int main(int argc, char **argv) {
   MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
   MPI_Comm_size(MPI_COMM_WORLD, &g_world);
   const char *shape_name = "gpt2", *buckets = "1,4,25,100", *backend = "cpu", *kind = "adamw";
-  int iters = 5, warmup = 1, zero = 0, threads = 0, csv = 0;
+  int iters = 5, warmup = 1, zero = 0, threads = 0, csv = 0, comm_sms = 0;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
     if (!strcmp(a, "--shape") && v) shape_name = argv[++i];
@@ -125,6 +131,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "--backend") && v) backend = argv[++i];
     else if (!strcmp(a, "--kind") && v) kind = argv[++i];
     else if (!strcmp(a, "--threads") && v) threads = atoi(argv[++i]);
+    else if (!strcmp(a, "--comm-sms") && v) comm_sms = atoi(argv[++i]);
     else if (!strcmp(a, "--csv")) csv = 1;
     else DIE_IF(1, "unknown argument '%s' (see the comment at the top of dist_bench.c)", a);
   }
@@ -176,7 +183,8 @@ int main(int argc, char **argv) {
            shape.name, (long long)shape.n, (long long)shape.total, gbytes / 1e6, g_world,
            backend, kind, zero, iters, warmup);
     printf("# comm: collectives alone; step: local step alone; epilogue: mtopt_dist_step "
-           "(overlapped); saved = (comm + step - epilogue) / min(comm, step)\n");
+           "(overlapped); e/c = epilogue / comm; saved = (comm + step - epilogue) / "
+           "min(comm, step); colls = collectives per step\n");
     printf("# algbw = gradient bytes / comm; busbw = algbw * 2(n-1)/n (nccl-tests)\n");
     if (g_world == 1)
       printf("# 1 rank: busbw is 0 by definition (2(n-1)/n = 0: no bytes cross a link); "
@@ -184,11 +192,6 @@ int main(int argc, char **argv) {
              strcmp(backend, "cuda") ? "MPI on one rank" : "NCCL launches of in-place no-ops");
     if (g_world == 1)
       printf("# 1 rank: saved is not reported (there is no communication to hide)\n");
-    if (csv)
-      printf("bucket_mb,buckets,comm_ms,step_ms,epilogue_ms,saved,algbw_gbs,busbw_gbs\n");
-    else
-      printf("%9s %7s %10s %10s %11s %7s %11s %11s\n", "bucket_MB", "buckets", "comm_ms",
-             "step_ms", "epilogue_ms", "saved", "algbw_GB/s", "busbw_GB/s");
   }
 
   char *list_copy = strdup(buckets);
@@ -200,8 +203,25 @@ int main(int argc, char **argv) {
     cfg.first_bucket_bytes = cfg.bucket_bytes < ((size_t)1 << 20) ? cfg.bucket_bytes
                                                                    : ((size_t)1 << 20);
     cfg.zero_stage = zero;
+    cfg.comm_sm_count = comm_sms;
     mtopt_comm_t *comm = NULL;
     OK(mtopt_comm_create_mpi(ctx, MPI_COMM_WORLD, &cfg, &comm));
+    if (g_rank == 0 && tok == list_copy) { /* the first size: the table's header */
+      int cs = 0, ss = 0;
+      OK(mtopt_comm_get_sm_split(comm, &cs, &ss));
+      if (cs > 0)
+        printf("# SM partition (comm_sm_count %d): collectives on %d SMs, bucket steps on %d\n",
+               comm_sms, cs, ss);
+      else
+        printf("# SM partition (comm_sm_count %d): none\n", comm_sms);
+      if (csv)
+        printf("bucket_mb,buckets,colls,comm_ms,step_ms,epilogue_ms,epilogue_over_comm,saved,"
+               "algbw_gbs,busbw_gbs\n");
+      else
+        printf("%9s %7s %5s %10s %10s %11s %6s %7s %11s %11s\n", "bucket_MB", "buckets",
+               "colls", "comm_ms", "step_ms", "epilogue_ms", "e/c", "saved", "algbw_GB/s",
+               "busbw_GB/s");
+    }
     mtopt_tensor_list_t *l = NULL;
     OK(mtopt_tensor_list_create(ctx, &l));
     for (int64_t i = 0; i < shape.n; i++)
@@ -211,6 +231,7 @@ int main(int argc, char **argv) {
     OK(mtopt_dist_optimizer_get_optimizer(r.d, &r.inner));
     int nb = 0;
     OK(mtopt_dist_get_bucket_count(r.d, &nb));
+    const int colls = mtopt__dist_segment_count(r.d);
     OK(mtopt_dist_optimizer_zero_grad(r.d)); /* timing does not depend on the values */
     const double tc = time_it(run_comm, &r, warmup, iters);
     const double ts = time_it(run_step, &r, warmup, iters);
@@ -220,15 +241,16 @@ int main(int argc, char **argv) {
     const double algbw = tc > 0 ? gbytes / tc / 1e9 : 0.0;
     const double busbw = algbw * 2.0 * (g_world - 1) / g_world; /* 0 at one rank */
     if (g_rank == 0) {
+      const double ratio = tc > 0 ? te / tc : 0.0;
       if (csv)
-        printf("%g,%d,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f\n", mb, nb, tc * 1e3, ts * 1e3, te * 1e3,
-               g_world > 1 ? saved : 0.0, algbw, busbw);
+        printf("%g,%d,%d,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f\n", mb, nb, colls, tc * 1e3,
+               ts * 1e3, te * 1e3, ratio, g_world > 1 ? saved : 0.0, algbw, busbw);
       else if (g_world == 1)
-        printf("%9g %7d %10.3f %10.2f %11.2f %7s %11.2f %11s\n", mb, nb, tc * 1e3, ts * 1e3,
-               te * 1e3, "-", algbw, "0 (1 rank)");
+        printf("%9g %7d %5d %10.3f %10.2f %11.2f %6s %7s %11.2f %11s\n", mb, nb, colls,
+               tc * 1e3, ts * 1e3, te * 1e3, "-", "-", algbw, "0 (1 rank)");
       else
-        printf("%9g %7d %10.2f %10.2f %11.2f %6.0f%% %11.2f %11.2f\n", mb, nb, tc * 1e3,
-               ts * 1e3, te * 1e3, 100.0 * saved, algbw, busbw);
+        printf("%9g %7d %5d %10.2f %10.2f %11.2f %6.3f %6.0f%% %11.2f %11.2f\n", mb, nb, colls,
+               tc * 1e3, ts * 1e3, te * 1e3, ratio, 100.0 * saved, algbw, busbw);
       fflush(stdout);
     }
     OK(mtopt_dist_optimizer_destroy(r.d));

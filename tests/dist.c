@@ -236,20 +236,23 @@ typedef struct {
   float clip;
   int loss_scale; /* dynamic loss scaling from 1024, an inf at step 1 */
   int exact;      /* bit-for-bit */
+  int comm_sms;   /* mtopt_comm_config_t.comm_sm_count (0: automatic) */
 } eq_case_t;
 
 static const eq_case_t eq_cases[] = {
-    {"adamw", MTOPT_OPTIMIZER_ADAMW, 0, 0.0f, 0, 1},
-    {"adamw zero1", MTOPT_OPTIMIZER_ADAMW, 1, 0.0f, 0, 1},
-    {"adamw clip", MTOPT_OPTIMIZER_ADAMW, 0, 1.0f, 0, 1},
-    {"adamw zero1 clip", MTOPT_OPTIMIZER_ADAMW, 1, 1.0f, 0, 0},
-    {"sgd nesterov", MTOPT_OPTIMIZER_SGD, 0, 0.0f, 0, 1},
-    {"sgd zero1", MTOPT_OPTIMIZER_SGD, 1, 0.0f, 0, 1},
-    {"sgd zero1 clip", MTOPT_OPTIMIZER_SGD, 1, 2.0f, 0, 0},
-    {"lamb", MTOPT_OPTIMIZER_LAMB, 0, 0.0f, 0, 1},
-    {"lamb clip", MTOPT_OPTIMIZER_LAMB, 0, 1.0f, 0, 1},
-    {"adam loss scale skip", MTOPT_OPTIMIZER_ADAM, 0, 0.0f, 1, 1},
-    {"adam zero1 loss scale skip", MTOPT_OPTIMIZER_ADAM, 1, 0.0f, 1, 1},
+    {"adamw", MTOPT_OPTIMIZER_ADAMW, 0, 0.0f, 0, 1, 0},
+    {"adamw, no SM partition", MTOPT_OPTIMIZER_ADAMW, 0, 0.0f, 0, 1, -1},
+    {"lamb clip, 16 SMs for the collectives", MTOPT_OPTIMIZER_LAMB, 0, 1.0f, 0, 1, 16},
+    {"adamw zero1", MTOPT_OPTIMIZER_ADAMW, 1, 0.0f, 0, 1, 0},
+    {"adamw clip", MTOPT_OPTIMIZER_ADAMW, 0, 1.0f, 0, 1, 0},
+    {"adamw zero1 clip", MTOPT_OPTIMIZER_ADAMW, 1, 1.0f, 0, 0, 0},
+    {"sgd nesterov", MTOPT_OPTIMIZER_SGD, 0, 0.0f, 0, 1, 0},
+    {"sgd zero1", MTOPT_OPTIMIZER_SGD, 1, 0.0f, 0, 1, 0},
+    {"sgd zero1 clip", MTOPT_OPTIMIZER_SGD, 1, 2.0f, 0, 0, 0},
+    {"lamb", MTOPT_OPTIMIZER_LAMB, 0, 0.0f, 0, 1, 0},
+    {"lamb clip", MTOPT_OPTIMIZER_LAMB, 0, 1.0f, 0, 1, 0},
+    {"adam loss scale skip", MTOPT_OPTIMIZER_ADAM, 0, 0.0f, 1, 1, 0},
+    {"adam zero1 loss scale skip", MTOPT_OPTIMIZER_ADAM, 1, 0.0f, 1, 1, 0},
 };
 #define N_EQ_CASES ((int)(sizeof eq_cases / sizeof eq_cases[0]))
 
@@ -281,6 +284,7 @@ START_TEST(test_equivalence) {
   model_t m;
   model_init(&m);
   mtopt_comm_config_t cc = small_buckets(c->zero);
+  cc.comm_sm_count = c->comm_sms;
   mtopt_comm_t *comm = NULL;
   EXPECT_OK(&rec, mtopt_comm_create_mpi(ctx, MPI_COMM_WORLD, &cc, &comm));
   const mtopt_optimizer_config_t oc = case_config(c);
@@ -479,6 +483,42 @@ START_TEST(test_bucket_plan) {
     prev_len = len;
   }
   EXPECT(&rec, expect_end == 0, "the buckets do not cover tensor 0");
+  /* Segments (one collective each). zero_stage 0: a bucket's segments tile
+   * its range in order, cut at chunk boundaries, none over the bucket's size
+   * (plus the alignment padding, under 4 elements, before the next tensor)
+   * unless it is a single chunk; the model's buckets over their size are
+   * split. zero_stage 1: one per bucket. */
+  const int ns = mtopt__dist_segment_count(d);
+  int seg = 0, split = 0;
+  for (int b = 0; b < nb; b++) {
+    int64_t ft, ntn, off, len;
+    EXPECT_OK(&rec, mtopt_dist_get_bucket(d, b, &ft, &ntn, &off, &len));
+    const int64_t cap = (b == 0 ? (int64_t)cc.first_bucket_bytes : (int64_t)cc.bucket_bytes) / 4;
+    int64_t at = off, next_chunk = -1;
+    int count = 0;
+    for (; seg < ns; seg++, count++) {
+      int sb = -1;
+      int64_t so, sn, c0, c1;
+      mtopt__dist_segment(d, seg, &sb, &so, &sn, &c0, &c1);
+      if (sb != b) break;
+      EXPECT(&rec, next_chunk < 0 || c0 == next_chunk, "segment %d starts at chunk %lld, not %lld",
+             seg, (long long)c0, (long long)next_chunk);
+      next_chunk = c1;
+      if (zero) continue;
+      EXPECT(&rec, so == at, "segment %d starts at %lld, not %lld", seg, (long long)so,
+             (long long)at);
+      EXPECT(&rec, sn < cap + 4 || c1 - c0 == 1, "segment %d: %lld elements over %lld in %lld chunks",
+             seg, (long long)sn, (long long)cap, (long long)(c1 - c0));
+      at = so + sn;
+    }
+    EXPECT(&rec, zero ? count == 1 : count >= 1, "bucket %d has %d segments", b, count);
+    if (!zero)
+      EXPECT(&rec, at == off + len, "bucket %d's segments end at %lld, not %lld", b,
+             (long long)at, (long long)(off + len));
+    split += count > 1;
+  }
+  EXPECT(&rec, seg == ns, "%d segments, %d in buckets", ns, seg);
+  EXPECT(&rec, zero || split > 0, "no bucket was split into segments");
   int64_t ft;
   EXPECT_ST(&rec, mtopt_dist_get_bucket(d, nb, &ft, NULL, NULL, NULL), MTOPT_STATUS_INVALID_ARGUMENT);
   EXPECT_ST(&rec, mtopt_dist_bucket_ready(d, -1), MTOPT_STATUS_INVALID_ARGUMENT);
@@ -549,6 +589,67 @@ START_TEST(test_arguments) {
   EXPECT_OK(&rec, mtopt_comm_destroy(comm));
   EXPECT_OK(&rec, mtopt_tensor_list_destroy(l));
   EXPECT_OK(&rec, mtopt_tensor_list_destroy(l2));
+  EXPECT_OK(&rec, mtopt_context_destroy(ctx));
+  REC_ASSERT(rec);
+}
+END_TEST
+
+/* ---- the SM partition (comm_sm_count) ---- */
+
+START_TEST(test_sm_split) {
+  rec_t rec = {0};
+  mtopt_context_t *ctx = test_context();
+  mtopt_comm_t *comm = NULL;
+  mtopt_comm_config_t cc = MTOPT_COMM_CONFIG_INIT;
+  cc.comm_sm_count = -2;
+  EXPECT_ST(&rec, mtopt_comm_create_mpi(ctx, MPI_COMM_WORLD, &cc, &comm),
+            MTOPT_STATUS_INVALID_ARGUMENT);
+  EXPECT(&rec, comm == NULL, "a failed create wrote *out");
+  int cs = -1, ss = -1;
+  EXPECT_ST(&rec, mtopt_comm_get_sm_split(NULL, &cs, &ss), MTOPT_STATUS_INVALID_ARGUMENT);
+  int sms = 0; /* the device's SMs; 0 on the CPU */
+#ifdef MTOPT_HAVE_CUDA
+  if (g_backend == MTOPT_BACKEND_CUDA)
+    ck_assert(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, g_device) ==
+              cudaSuccess);
+#endif
+  /* -1: none; 16: asked for (NOT_SUPPORTED only on a driver without green
+   * contexts, and then the automatic choice is none); 0: automatic. */
+  const int asks[] = {-1, 16, 0};
+  int explicit_ok = 0;
+  for (int a = 0; a < 3; a++) {
+    cc.comm_sm_count = asks[a];
+    comm = NULL;
+    const mtopt_status_t st = mtopt_comm_create_mpi(ctx, MPI_COMM_WORLD, &cc, &comm);
+    if (asks[a] == 16 && sms > 0 && st == MTOPT_STATUS_NOT_SUPPORTED) continue;
+    EXPECT(&rec, st == MTOPT_STATUS_SUCCESS, "comm_sm_count %d: %s: %s", asks[a],
+           mtopt_status_name(st), mtopt_last_error());
+    if (!comm) continue;
+    cs = ss = -1;
+    EXPECT_OK(&rec, mtopt_comm_get_sm_split(comm, &cs, &ss));
+    const int none = cs == 0 && ss == 0;
+    const int split = cs > 0 && ss > 0 && cs + ss <= sms;
+    if (sms == 0 || asks[a] == -1) {
+      EXPECT(&rec, none, "comm_sm_count %d: split %d/%d where none is possible", asks[a], cs, ss);
+    } else if (asks[a] == 16) {
+      EXPECT(&rec, split && cs >= 16, "comm_sm_count 16: split %d/%d of %d SMs", cs, ss, sms);
+      explicit_ok = 1;
+    } else if (explicit_ok && g_world > 1 && sms >= 3 * MTOPT_COMM_AUTO_SMS) {
+      EXPECT(&rec, split && cs >= MTOPT_COMM_AUTO_SMS, "automatic: split %d/%d of %d SMs", cs,
+             ss, sms);
+    } else {
+      EXPECT(&rec, none, "automatic: split %d/%d (%d ranks, %d SMs)", cs, ss, g_world, sms);
+    }
+    EXPECT_OK(&rec, mtopt_comm_destroy(comm));
+  }
+  if (explicit_ok) { /* every SM for the collectives leaves none for the steps */
+    cc.comm_sm_count = sms;
+    comm = NULL;
+    EXPECT_ST(&rec, mtopt_comm_create_mpi(ctx, MPI_COMM_WORLD, &cc, &comm),
+              MTOPT_STATUS_INVALID_ARGUMENT);
+    EXPECT(&rec, strstr(mtopt_last_error(), "leaves no SM") != NULL, "message: %s",
+           mtopt_last_error());
+  }
   EXPECT_OK(&rec, mtopt_context_destroy(ctx));
   REC_ASSERT(rec);
 }
@@ -671,6 +772,7 @@ Suite *dist_suite(void) {
   TCase *tc = tcase_create("dist");
   tcase_set_timeout(tc, 120);
   tcase_add_test(tc, test_arguments);
+  tcase_add_test(tc, test_sm_split);
   tcase_add_loop_test(tc, test_bucket_plan, 0, 2);
   tcase_add_loop_test(tc, test_equivalence, 0, N_EQ_CASES);
   tcase_add_loop_test(tc, test_plan_mismatch, 0, 3);

@@ -213,8 +213,10 @@ NGPU=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
 if [ "${NGPU:-0}" -ge 2 ]; then
   MPI2=(mpirun -np 2 --oversubscribe -x NCCL_NVLS_ENABLE=0 -x OMP_NUM_THREADS=1)
   step multi_dist_test 200 "${MPI2[@]}" "$BUILD/tests/test_dist" --backend cuda
-  step multi_dist_bench 200 bash -c "for z in 0 1; do ${MPI2[*]} $BUILD/bench/mtopt_dist_bench \
-    --backend cuda --shape gpt2-xl --buckets 4,25,100 --iters 10 --warmup 2 --zero \$z || exit 1; done"
+  # The SM partition as configured by default, then none (-1) for reference.
+  step multi_dist_bench 240 bash -c "for a in '--zero 0' '--zero 1' '--zero 0 --comm-sms -1'; do \
+    ${MPI2[*]} $BUILD/bench/mtopt_dist_bench --backend cuda --shape gpt2-xl --buckets 4,25,100 \
+    --iters 10 --warmup 2 \$a || exit 1; done"
   step multi_nccl_ref 120 python3 -m torch.distributed.run --nproc_per_node 2 \
     "$ROOT/bench/nccl_allreduce.py" --sizes-mb 4,25,100
   step multi_mnist 150 bash -c "for np in 1 2; do echo \"--- mnist_mlp --gpu, \$np GPUs\"; \

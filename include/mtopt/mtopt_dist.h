@@ -57,12 +57,28 @@
  * skip_nonfinite = 1 to make a step all-or-nothing). A rank whose bucket plan
  * differs from the others' is reported at set-up, on every rank.
  *
+ * Segments. With zero_stage 0, a bucket larger than its size (one large
+ * tensor, e.g. an embedding) is reduced in several collectives of at most that
+ * size, cut at chunk boundaries, each stepped as soon as it lands; so the
+ * step left after the last collective is at most one bucket's worth.
+ *
  * CUDA with NCCL: collectives run on a communication stream of the
- * communicator, ordered after the context's stream with events; the steps are
- * enqueued on the context's stream; mtopt_dist_step never synchronises. A hang
- * or asynchronous NCCL error is detected by mtopt_dist_synchronize (and
- * destroy), which waits at most timeout_ms and aborts the NCCL communicator on
- * expiry.
+ * communicator, ordered after the context's stream with events; the bucket
+ * steps run on a stream of the communicator too (ordered after the context's
+ * stream at the start of mtopt_dist_step), and the context's stream waits for
+ * them before the step's remaining passes, so it is ordered after the whole
+ * step; mtopt_dist_step never synchronises. A hang or asynchronous NCCL error
+ * is detected by mtopt_dist_synchronize (and destroy), which waits at most
+ * timeout_ms and aborts the NCCL communicator on expiry.
+ *
+ * SM partition (CUDA). Overlapped with a bucket step, which streams at full
+ * memory bandwidth from every SM, NCCL's kernels slow down sharply when they
+ * share SMs with it (GPT-2 XL on 2 H200s: the overlap hid almost nothing).
+ * So by default, with 2 or more ranks, the communicator splits the device's
+ * SMs with CUDA green contexts: the collectives run on comm_sm_count SMs (and
+ * a communicator it creates asks NCCL for that many CTAs, at most 32), the
+ * bucket steps on the rest. A bandwidth-bound step loses little on the
+ * smaller share. Work the caller enqueues elsewhere is not confined.
  *
  * Threads: as for the core API, one thread at a time per object.
  */
@@ -89,11 +105,23 @@ typedef struct {
   int timeout_ms;            /* a collective not done by then fails with
                                 COMM_ERROR; 0 waits forever (300000) */
   int zero_stage;            /* 0: all-reduce; 1: ZeRO-1 (sharded state) */
+  /* CUDA: multiprocessors kept for the collectives while buckets are stepped
+   * (see "SM partition" above). 0: automatic (MTOPT_COMM_AUTO_SMS where there
+   * are 2 or more ranks, the device has at least 3 times as many SMs and the
+   * driver has green contexts; else none); -1: none, the collectives and the
+   * steps share every SM; > 0: that many, rounded up to the device's
+   * granularity, NOT_SUPPORTED where the driver cannot. Ignored on the CPU. */
+  int comm_sm_count;
 } mtopt_comm_config_t;
+
+/* The automatic SM partition's share for the collectives: on 2 H200s (132
+ * SMs), NCCL with 32 CTAs on 32 SMs ran the bucket all-reduce as fast as with
+ * its default channels on all SMs. */
+#define MTOPT_COMM_AUTO_SMS 32
 
 #define MTOPT_COMM_CONFIG_INIT                                                 \
   {sizeof(mtopt_comm_config_t), MTOPT_VERSION_CODE, (size_t)25 << 20,          \
-   (size_t)1 << 20, 300000, 0}
+   (size_t)1 << 20, 300000, 0, 0}
 
 /* The rank of the calling process among the ranks of `comm` that share its
  * node (MPI_Comm_split_type(MPI_COMM_TYPE_SHARED)): the CUDA device a rank
@@ -127,6 +155,11 @@ MTOPT_API mtopt_status_t mtopt_comm_create_nccl(mtopt_context_t *ctx, void *nccl
 MTOPT_API mtopt_status_t mtopt_comm_destroy(mtopt_comm_t *comm);
 MTOPT_API mtopt_status_t mtopt_comm_get_rank(const mtopt_comm_t *comm, int *rank);
 MTOPT_API mtopt_status_t mtopt_comm_get_size(const mtopt_comm_t *comm, int *size);
+/* The SM partition in force: the SMs of the collectives and of the bucket
+ * steps; both 0 where there is none (CPU, one rank, comm_sm_count -1, or no
+ * green contexts). Local. Errors: INVALID_ARGUMENT (NULL argument). */
+MTOPT_API mtopt_status_t mtopt_comm_get_sm_split(const mtopt_comm_t *comm, int *comm_sms,
+                                                 int *step_sms);
 
 /* Builds the data-parallel optimizer: the inner optimizer (over every tensor
  * with zero_stage 0, over this rank's slices with zero_stage 1), the gradient

@@ -172,7 +172,9 @@ static void lamb_apply_chunk(const mtopt__plan_t *p, const mtopt__hyper_t *h, in
 }
 
 static mtopt_status_t cpu_run_pass(mtopt_context_t *ctx, const mtopt__plan_t *p,
-                                   mtopt__pass_t pass, int64_t c0, int64_t c1) {
+                                   mtopt__pass_t pass, int64_t c0, int64_t c1,
+                                   void *const *stream) {
+  (void)stream;
   mtopt__hyper_t *h = p->hyper;
   const int nt = cpu_threads(ctx);
   if (pass == MTOPT__PASS_STATS) {

@@ -229,7 +229,8 @@ static mtopt_status_t cuda_check_pointer(mtopt_context_t *ctx, const void *p, si
 /* ---- the step ---- */
 
 static mtopt_status_t cuda_run_pass(mtopt_context_t *ctx, const mtopt__plan_t *plan,
-                                    mtopt__pass_t pass, int64_t c0, int64_t c1) {
+                                    mtopt__pass_t pass, int64_t c0, int64_t c1,
+                                    void *const *stream) {
   if (c0 < 0 || c1 > plan->num_chunks || c0 > c1)
     return mtopt__error(ctx, MTOPT_STATUS_INTERNAL,
                         "run_pass: chunk range [%lld, %lld) outside [0, %lld)", (long long)c0,
@@ -252,7 +253,8 @@ static mtopt_status_t cuda_run_pass(mtopt_context_t *ctx, const mtopt__plan_t *p
   };
   mtopt__device_guard_t g;
   CHECK(mtopt__device_enter(ctx, &g));
-  const cudaError_t e = mtopt__launch_pass(&p, (int)pass, c0, c1, state_of(ctx)->stream);
+  const cudaStream_t on = stream ? (cudaStream_t)*stream : state_of(ctx)->stream;
+  const cudaError_t e = mtopt__launch_pass(&p, (int)pass, c0, c1, on);
   mtopt__device_leave(&g);
   if (e != cudaSuccess) {
     static const char *const names[] = {"statistics", "update", "LAMB apply"};

@@ -94,9 +94,12 @@ struct mtopt__backend_ops {
    * whoever completes the last chunk finalises: the end of STATS runs
    * mtopt__stats_finalize over all slots in chunk order, the end of the last
    * pass runs mtopt__step_commit. UPDATE and LAMB_APPLY do nothing when
-   * hyper->skip is set. */
+   * hyper->skip is set. stream: NULL for the context's stream, else it points
+   * at the cudaStream_t to enqueue on (the distributed layer's bucket steps;
+   * the CPU ignores it). */
   mtopt_status_t (*run_pass)(mtopt_context_t *ctx, const mtopt__plan_t *plan,
-                             mtopt__pass_t pass, int64_t c0, int64_t c1);
+                             mtopt__pass_t pass, int64_t c0, int64_t c1,
+                             void *const *stream);
   mtopt_status_t (*synchronize)(mtopt_context_t *ctx);
   /* Distributed layer. In stream order: mtopt__stats_finalize(plan->hyper,
    * plan->stats_sum[0], (uint64_t)plan->stats_sum[1]) (the deferred end of a

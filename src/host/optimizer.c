@@ -404,7 +404,7 @@ mtopt_status_t mtopt__run_step(mtopt_context_t *ctx, const mtopt__plan_t *plan) 
   mtopt__pass_t passes[3];
   const int n = step_passes(plan, passes);
   for (int i = 0; i < n; i++)
-    CHECK(ctx->ops->run_pass(ctx, plan, passes[i], 0, plan->num_chunks));
+    CHECK(ctx->ops->run_pass(ctx, plan, passes[i], 0, plan->num_chunks, NULL));
   return MTOPT_STATUS_SUCCESS;
 }
 
