@@ -357,55 +357,37 @@ mtopt_status_t mtopt__nccl_destroy(mtopt__nccl_t *n) {
   return st;
 }
 
-mtopt_status_t mtopt__nccl_comm_wait_compute(mtopt__nccl_t *n) {
-  mtopt_context_t *ctx = n->ctx;
+/* Stream `waiter` waits for the work enqueued on stream `on` so far, through
+ * event e. */
+static mtopt_status_t order(mtopt__nccl_t *n, cudaEvent_t e, cudaStream_t on,
+                            cudaStream_t waiter) {
   mtopt__device_guard_t g_;
-  CHECK(mtopt__device_enter(ctx, &g_));
+  CHECK(mtopt__device_enter(n->ctx, &g_));
   mtopt_status_t st_ = MTOPT_STATUS_SUCCESS;
-  CUDA_TRY(ctx, cudaEventRecord(n->compute_done, ctx_stream(ctx)), "cudaEventRecord");
-  CUDA_TRY(ctx, cudaStreamWaitEvent(n->stream, n->compute_done, 0), "cudaStreamWaitEvent");
+  CUDA_TRY(n->ctx, cudaEventRecord(e, on), "cudaEventRecord");
+  CUDA_TRY(n->ctx, cudaStreamWaitEvent(waiter, e, 0), "cudaStreamWaitEvent");
 done:
   mtopt__device_leave(&g_);
   return st_;
+}
+
+mtopt_status_t mtopt__nccl_comm_wait_compute(mtopt__nccl_t *n) {
+  return order(n, n->compute_done, ctx_stream(n->ctx), n->stream);
+}
+
+mtopt_status_t mtopt__nccl_compute_wait_comm(mtopt__nccl_t *n) {
+  return order(n, n->comm_done, n->stream, ctx_stream(n->ctx));
 }
 
 mtopt_status_t mtopt__nccl_steps_begin(mtopt__nccl_t *n) {
-  mtopt_context_t *ctx = n->ctx;
-  mtopt__device_guard_t g_;
-  CHECK(mtopt__device_enter(ctx, &g_));
-  mtopt_status_t st_ = MTOPT_STATUS_SUCCESS;
-  CUDA_TRY(ctx, cudaEventRecord(n->compute_done, ctx_stream(ctx)), "cudaEventRecord");
-  CUDA_TRY(ctx, cudaStreamWaitEvent(n->steps, n->compute_done, 0), "cudaStreamWaitEvent");
-done:
-  mtopt__device_leave(&g_);
-  return st_;
+  return order(n, n->compute_done, ctx_stream(n->ctx), n->steps);
 }
 
 mtopt_status_t mtopt__nccl_steps_end(mtopt__nccl_t *n) {
-  mtopt_context_t *ctx = n->ctx;
-  mtopt__device_guard_t g_;
-  CHECK(mtopt__device_enter(ctx, &g_));
-  mtopt_status_t st_ = MTOPT_STATUS_SUCCESS;
-  CUDA_TRY(ctx, cudaEventRecord(n->steps_done, n->steps), "cudaEventRecord");
-  CUDA_TRY(ctx, cudaStreamWaitEvent(ctx_stream(ctx), n->steps_done, 0), "cudaStreamWaitEvent");
-done:
-  mtopt__device_leave(&g_);
-  return st_;
+  return order(n, n->steps_done, n->steps, ctx_stream(n->ctx));
 }
 
 void *const *mtopt__nccl_steps_stream(const mtopt__nccl_t *n) { return &n->steps_handle; }
-
-mtopt_status_t mtopt__nccl_compute_wait_comm(mtopt__nccl_t *n) {
-  mtopt_context_t *ctx = n->ctx;
-  mtopt__device_guard_t g_;
-  CHECK(mtopt__device_enter(ctx, &g_));
-  mtopt_status_t st_ = MTOPT_STATUS_SUCCESS;
-  CUDA_TRY(ctx, cudaEventRecord(n->comm_done, n->stream), "cudaEventRecord");
-  CUDA_TRY(ctx, cudaStreamWaitEvent(ctx_stream(ctx), n->comm_done, 0), "cudaStreamWaitEvent");
-done:
-  mtopt__device_leave(&g_);
-  return st_;
-}
 
 /* ---- per-segment events ---- */
 
