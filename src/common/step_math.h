@@ -113,7 +113,7 @@ typedef struct {
 } mtopt__hyper_t;
 
 /* Per-chunk scalars, derived once per chunk from the block, the tensor's group
- * and flags. */
+ * and the tensor (its flags; whether it has an SGD momentum buffer). */
 typedef struct {
   float lr;     /* lr * group lr_mult */
   float wd;     /* weight_decay * group wd_mult, or 0 for NO_WEIGHT_DECAY */
@@ -123,7 +123,9 @@ typedef struct {
   float bc2_sqrt;  /* Adam: sqrt(bc2) */
   float decay;     /* AdamW: 1 - lr*wd */
   float bc1, bc2;  /* LAMB: 1 - b^t, or 1 without bias correction */
-  float momentum, omdamp;
+  float momentum; /* SGD: 0 where the tensor has no buffer (then the step
+                     ignores momentum, as it has nowhere to keep it) */
+  float omdamp;
   int32_t nesterov;
   int32_t first; /* SGD: the first applied step initialises the buffer */
 } mtopt__scalars_t;
@@ -141,11 +143,12 @@ MTOPT_HD double mtopt__powi(double b, int64_t t) {
 
 MTOPT_HD mtopt__scalars_t mtopt__chunk_scalars(const mtopt__hyper_t *h,
                                                const mtopt__group_rec_t *grp,
-                                               uint32_t flags) {
+                                               const mtopt__tensor_rec_t *tensor) {
   mtopt__scalars_t s;
   const int64_t t = h->step + 1; /* the step being applied */
   s.lr = h->lr * grp->lr_mult;
-  s.wd = (flags & MTOPT__FLAG_NO_WEIGHT_DECAY) ? 0.0f : h->weight_decay * grp->wd_mult;
+  s.wd = (tensor->flags & MTOPT__FLAG_NO_WEIGHT_DECAY) ? 0.0f
+                                                       : h->weight_decay * grp->wd_mult;
   s.gscale = h->grad_scale;
   s.b1 = h->beta1;
   s.b2 = h->beta2;
@@ -159,7 +162,7 @@ MTOPT_HD mtopt__scalars_t mtopt__chunk_scalars(const mtopt__hyper_t *h,
   s.decay = 1.0f - s.lr * s.wd;
   s.bc1 = h->bias_correction ? (float)bc1 : 1.0f;
   s.bc2 = h->bias_correction ? (float)bc2 : 1.0f;
-  s.momentum = h->momentum;
+  s.momentum = tensor->s0 ? h->momentum : 0.0f;
   s.omdamp = 1.0f - h->dampening;
   s.nesterov = h->nesterov;
   s.first = (t == 1);
@@ -183,7 +186,8 @@ MTOPT_HD void mtopt__adam_elem(const mtopt__scalars_t *s, int decoupled, float g
   *v = vn;
 }
 
-/* SGD; buf is NULL-free: with momentum == 0 the caller passes a dummy. */
+/* SGD; buf is NULL-free: with s->momentum == 0 (none, or no buffer: see
+ * mtopt__scalars_t) the caller passes a dummy. */
 MTOPT_HD void mtopt__sgd_elem(const mtopt__scalars_t *s, float g, float *w,
                               float *buf) {
   const float p = *w;

@@ -337,7 +337,7 @@ __device__ __forceinline__ void load_view(const mtopt__dev_plan_t &p, int64_t c,
   if (PASS == MTOPT__PASS_STATS)
     v.inv = mtopt__inv_loss_scale(h);
   else if (!v.skip)
-    v.s = mtopt__chunk_scalars(h, &p.groups[t->group], t->flags);
+    v.s = mtopt__chunk_scalars(h, &p.groups[t->group], t);
 }
 
 /* ---- one chunk of each pass, by a team (a block or a warp) ---- */
@@ -365,15 +365,13 @@ __device__ __forceinline__ void do_chunk(const mtopt__dev_plan_t &p, int64_t c, 
       float *const arr[4] = {v.w, v.g, v.s0, v.s1};
       stream_chunk<TEAM, 4, 0xDu>(arr, v.len, op); /* store w, m, v */
     } else if constexpr (KIND == MTOPT__KIND_SGD) {
-      /* The CPU backend's rule: the buffer is used when momentum != 0 and the
-       * tensor has one. */
-      if (v.s.momentum != 0.0f && v.s0) {
+      /* momentum is 0 where the tensor has no buffer (mtopt__chunk_scalars) */
+      if (v.s.momentum != 0.0f) {
         SgdBufOp op{v.s};
         float *const arr[3] = {v.w, v.g, v.s0};
         stream_chunk<TEAM, 3, 0x5u>(arr, v.len, op); /* store w, buf */
       } else {
         SgdOp op{v.s};
-        op.s.momentum = 0.0f;
         float *const arr[2] = {v.w, v.g};
         stream_chunk<TEAM, 2, 0x1u>(arr, v.len, op);
       }

@@ -99,7 +99,7 @@ static inline void adam_loop(const mtopt__scalars_t *s, const int decoupled,
 static void update_chunk(const mtopt__plan_t *p, const mtopt__hyper_t *h, int64_t c) {
   const mtopt__chunk_rec_t ch = p->chunks[c];
   const mtopt__tensor_rec_t *t = &p->tensors[ch.tensor];
-  const mtopt__scalars_t s = mtopt__chunk_scalars(h, &p->groups[t->group], t->flags);
+  const mtopt__scalars_t s = mtopt__chunk_scalars(h, &p->groups[t->group], t);
   float *restrict w = t->w + ch.start;
   const float *restrict g = t->g + ch.start;
   const int32_t n = ch.len;
@@ -111,7 +111,7 @@ static void update_chunk(const mtopt__plan_t *p, const mtopt__hyper_t *h, int64_
     adam_loop(&s, 0, w, g, t->s0 + ch.start, t->s1 + ch.start, n);
     break;
   case MTOPT__KIND_SGD: {
-    if (s.momentum != 0.0f && t->s0) {
+    if (s.momentum != 0.0f) { /* the tensor has a buffer (mtopt__chunk_scalars) */
       float *restrict b = t->s0 + ch.start;
 #pragma omp simd
       for (int32_t i = 0; i < n; i++) {
@@ -121,12 +121,10 @@ static void update_chunk(const mtopt__plan_t *p, const mtopt__hyper_t *h, int64_
         b[i] = bi;
       }
     } else {
-      mtopt__scalars_t s0 = s;
-      s0.momentum = 0.0f;
 #pragma omp simd
       for (int32_t i = 0; i < n; i++) {
         float wi = w[i], unused = 0.0f;
-        mtopt__sgd_elem(&s0, g[i], &wi, &unused);
+        mtopt__sgd_elem(&s, g[i], &wi, &unused);
         w[i] = wi;
       }
     }
@@ -157,7 +155,7 @@ static void update_chunk(const mtopt__plan_t *p, const mtopt__hyper_t *h, int64_
 static void lamb_apply_chunk(const mtopt__plan_t *p, const mtopt__hyper_t *h, int64_t c) {
   const mtopt__chunk_rec_t ch = p->chunks[c];
   const mtopt__tensor_rec_t *t = &p->tensors[ch.tensor];
-  const mtopt__scalars_t s = mtopt__chunk_scalars(h, &p->groups[t->group], t->flags);
+  const mtopt__scalars_t s = mtopt__chunk_scalars(h, &p->groups[t->group], t);
   double wsq = 0.0, usq = 0.0;
   for (int64_t k = t->first_chunk; k < t->first_chunk + t->num_chunks; k++) {
     wsq += p->slot_wsq[k];
