@@ -134,26 +134,8 @@ typedef struct {
   float *w, *g;        /* weight and user-gradient allocations */
 } side_t;
 
-static void *side_alloc(int cuda, int64_t nfloats) {
-  const size_t bytes = (size_t)(nfloats > 0 ? nfloats : 1) * sizeof(float);
-  void *p = NULL;
-  if (cuda) {
-    CU(cudaMalloc(&p, bytes));
-  } else {
-    p = aligned_alloc(256, (bytes + 255) / 256 * 256);
-    ck_assert(p != NULL);
-  }
-  return p;
-}
-
-static void side_free_mem(int cuda, void *p) {
-  if (cuda)
-    CU(cudaFree(p));
-  else
-    free(p);
-}
-
-/* Host <-> side copies, ordered with the side's stream. */
+/* Host <-> side copies, ordered with the side's stream (tu_to_backend's
+ * cudaMemcpy is not, when the side runs on a non-blocking stream). */
 static void side_put(side_t *s, void *dst, const void *src, size_t bytes) {
   if (!bytes) return;
   if (!s->cuda) {
@@ -194,8 +176,9 @@ static void side_open(side_t *s, const model_t *m, int cuda,
   s->ctx = cuda ? cuda_context() : tu_cpu_context();
   if (cuda && stream) TU_OK(mtopt_cuda_context_set_stream(s->ctx, stream));
   s->stream = stream;
-  s->w = side_alloc(cuda, m->w_total);
-  s->g = side_alloc(cuda, m->g_total);
+  const mtopt_backend_t b = cuda ? MTOPT_BACKEND_CUDA : MTOPT_BACKEND_CPU;
+  s->w = tu_alloc(b, (size_t)m->w_total * sizeof(float));
+  s->g = tu_alloc(b, (size_t)m->g_total * sizeof(float));
   side_put(s, s->w, m->w0, (size_t)m->w_total * sizeof(float));
   TU_OK(mtopt_tensor_list_create(s->ctx, &s->list));
   for (int gi = 0; gi < 3; gi++)
@@ -216,8 +199,8 @@ static void side_close(side_t *s) {
   TU_OK(mtopt_optimizer_destroy(s->opt));
   TU_OK(mtopt_tensor_list_destroy(s->list));
   TU_OK(mtopt_context_destroy(s->ctx));
-  side_free_mem(s->cuda, s->w);
-  side_free_mem(s->cuda, s->g);
+  tu_free(s->cuda ? MTOPT_BACKEND_CUDA : MTOPT_BACKEND_CPU, s->w);
+  tu_free(s->cuda ? MTOPT_BACKEND_CUDA : MTOPT_BACKEND_CPU, s->g);
   memset(s, 0, sizeof *s);
 }
 

@@ -78,8 +78,8 @@ mtopt_context_t *tu_cpu_context(void);
 mtopt_backend_t tu_backend(void);
 /* A context of that backend (device 0 on CUDA). */
 mtopt_context_t *tu_context(mtopt_backend_t backend);
-/* Memory the backend's kernels can use (cudaMalloc on CUDA), and copies to
- * and from host memory; they assert on failure. */
+/* Memory the backend's kernels can use (cudaMalloc on CUDA; 256-byte aligned
+ * on both), and copies to and from host memory; they assert on failure. */
 void *tu_alloc(mtopt_backend_t backend, size_t bytes);
 void tu_free(mtopt_backend_t backend, void *p);
 void tu_to_backend(mtopt_backend_t backend, void *dst, const void *src, size_t bytes);
