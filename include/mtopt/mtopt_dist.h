@@ -57,10 +57,10 @@
  * skip_nonfinite = 1 to make a step all-or-nothing). A rank whose bucket plan
  * differs from the others' is reported at set-up, on every rank.
  *
- * Segments. With zero_stage 0, a bucket larger than its size (one large
- * tensor, e.g. an embedding) is reduced in several collectives of at most that
- * size, cut at chunk boundaries, each stepped as soon as it lands; so the
- * step left after the last collective is at most one bucket's worth.
+ * Segments. With zero_stage 0, a bucket of at least twice its size (it holds
+ * a large tensor, e.g. an embedding) is reduced in floor(bucket / size)
+ * collectives of about equal size, cut at chunk boundaries, each stepped as
+ * soon as it lands; so the step left after the last collective is small.
  *
  * CUDA with NCCL: collectives run on a communication stream of the
  * communicator, ordered after the context's stream with events; the bucket
@@ -76,7 +76,7 @@
  * share SMs with it (GPT-2 XL on 2 H200s: the overlap hid almost nothing).
  * So by default, with 2 or more ranks, the communicator splits the device's
  * SMs with CUDA green contexts: the collectives run on comm_sm_count SMs (and
- * a communicator it creates asks NCCL for that many CTAs, at most 32), the
+ * a communicator it creates asks NCCL 2.17+ for that many CTAs, at most 32), the
  * bucket steps on the rest. A bandwidth-bound step loses little on the
  * smaller share. Work the caller enqueues elsewhere is not confined.
  *
@@ -109,8 +109,10 @@ typedef struct {
    * (see "SM partition" above). 0: automatic (MTOPT_COMM_AUTO_SMS where there
    * are 2 or more ranks, the device has at least 3 times as many SMs and the
    * driver has green contexts; else none); -1: none, the collectives and the
-   * steps share every SM; > 0: that many, rounded up to the device's
-   * granularity, NOT_SUPPORTED where the driver cannot. Ignored on the CPU. */
+   * steps share every SM; > 0: that many (also at one rank), rounded up to
+   * the device's granularity; mtopt_comm_create_* then return NOT_SUPPORTED
+   * where the driver has no green contexts, INVALID_ARGUMENT where no SM is
+   * left for the steps, CUDA_ERROR if the split fails. Ignored on the CPU. */
   int comm_sm_count;
 } mtopt_comm_config_t;
 
@@ -156,8 +158,9 @@ MTOPT_API mtopt_status_t mtopt_comm_destroy(mtopt_comm_t *comm);
 MTOPT_API mtopt_status_t mtopt_comm_get_rank(const mtopt_comm_t *comm, int *rank);
 MTOPT_API mtopt_status_t mtopt_comm_get_size(const mtopt_comm_t *comm, int *size);
 /* The SM partition in force: the SMs of the collectives and of the bucket
- * steps; both 0 where there is none (CPU, one rank, comm_sm_count -1, or no
- * green contexts). Local. Errors: INVALID_ARGUMENT (NULL argument). */
+ * steps; both 0 where there is none (CPU, comm_sm_count -1, or the automatic
+ * choice with one rank, a small device or no green contexts). Local.
+ * Errors: INVALID_ARGUMENT (NULL argument). */
 MTOPT_API mtopt_status_t mtopt_comm_get_sm_split(const mtopt_comm_t *comm, int *comm_sms,
                                                  int *step_sms);
 

@@ -35,11 +35,12 @@ typedef struct {
   int s0, s1;                        /* its segments */
 } bucket_t;
 
-/* One collective and the pass behind it. zero_stage 0: a bucket larger than
- * its size is cut into segments of at most that size at chunk boundaries, so
- * that the last collective of a step leaves at most one bucket's worth of
- * step behind it (a 321 MB GPT-2 XL embedding in one all-reduce left 0.8 ms of
- * step after the end of the communication). zero_stage 1: the bucket. */
+/* One collective and the pass behind it. zero_stage 0: a bucket of at least
+ * twice its size is cut at chunk boundaries into segments of about equal size
+ * (at most about twice the bucket size), so that the last collective of a step
+ * leaves little step behind it (a 321 MB GPT-2 XL embedding in one all-reduce
+ * left 0.8 ms of step after the end of the communication). zero_stage 1: the
+ * bucket. */
 typedef struct {
   int bucket;
   int64_t offset, numel; /* zero_stage 0: range of the gradient buffer */
@@ -672,20 +673,24 @@ static mtopt_status_t build_segments(mtopt_dist_optimizer_t *d, const char *fn) 
     bucket_t *b = &d->b[k];
     b->s0 = d->ns;
     int64_t off = b->offset, c = b->c0;
-    if (!d->zero) {
-      const size_t bytes = k == 0 ? d->comm->cfg.first_bucket_bytes : d->comm->cfg.bucket_bytes;
-      const int64_t max = bytes / sizeof(float) > 0 ? (int64_t)(bytes / sizeof(float)) : 1;
-      for (int64_t i = b->first_tensor; i < b->first_tensor + b->num_tensors; i++) {
-        for (int64_t j = 0; j < tr[i].num_chunks; j++) {
-          const int64_t at = d->goff[i] + j * cs; /* chunk j's range of the buffer */
-          const int64_t end = at + (d->numel[i] - j * cs < cs ? d->numel[i] - j * cs : cs);
-          if (at > off && end - off > max) { /* close the segment before chunk j */
-            if (!push_segment(d, &cap, (segment_t){k, off, at - off, c, tr[i].first_chunk + j}))
-              return mtopt__error(d->ctx, MTOPT_STATUS_OUT_OF_MEMORY, "%s: realloc failed", fn);
-            off = at;
-            c = tr[i].first_chunk + j;
-          }
-        }
+    /* floor(numel / size) pieces of about equal size: a bucket just over its
+     * size (they all close past it) stays whole; one at k times its size is
+     * cut in k. Each cut is the first chunk start at or past its target. */
+    const size_t bytes = k == 0 ? d->comm->cfg.first_bucket_bytes : d->comm->cfg.bucket_bytes;
+    const int64_t size = bytes / sizeof(float) > 0 ? (int64_t)(bytes / sizeof(float)) : 1;
+    const int64_t pieces = d->zero ? 1 : b->numel / size;
+    for (int64_t i = b->first_tensor, cut = 1; pieces > 1 && i < b->first_tensor + b->num_tensors;
+         i++) {
+      for (int64_t j = 0; j < tr[i].num_chunks && cut < pieces; j++) {
+        const int64_t at = d->goff[i] + j * cs; /* chunk j's start in the buffer */
+        const int64_t target =
+            b->offset + b->numel / pieces * cut + b->numel % pieces * cut / pieces;
+        if (at < target || at <= off) continue;
+        if (!push_segment(d, &cap, (segment_t){k, off, at - off, c, tr[i].first_chunk + j}))
+          return mtopt__error(d->ctx, MTOPT_STATUS_OUT_OF_MEMORY, "%s: realloc failed", fn);
+        off = at;
+        c = tr[i].first_chunk + j;
+        cut++;
       }
     }
     if (!push_segment(d, &cap, (segment_t){k, off, b->offset + b->numel - off, c, b->c1}))
@@ -1224,13 +1229,19 @@ static mtopt_status_t dist_step(mtopt_dist_optimizer_t *d) {
   if (d->comm->nccl) {
     mtopt__nccl_t *n = d->comm->nccl;
     CHECK(mtopt__nccl_steps_begin(n));
-    for (; d->next_done < d->ns; d->next_done++) {
+    mtopt_status_t st = MTOPT_STATUS_SUCCESS;
+    for (; st == MTOPT_STATUS_SUCCESS && d->next_done < d->ns; d->next_done++) {
       /* Waited for even where the range is empty: the steps end up ordered
        * after every collective of the step. */
-      CHECK(mtopt__nccl_steps_wait(d->ev, d->next_done));
-      CHECK(after_reduce(d, d->next_done));
+      st = mtopt__nccl_steps_wait(d->ev, d->next_done);
+      if (st == MTOPT_STATUS_SUCCESS) st = after_reduce(d, d->next_done);
     }
-    CHECK(mtopt__nccl_steps_end(n));
+    /* Joined even after a failure: the context's stream (and fail_step's
+     * reset of the pass counter on it) must come after the passes already
+     * enqueued. */
+    const mtopt_status_t end = mtopt__nccl_steps_end(n);
+    CHECK(st);
+    CHECK(end);
   }
 #endif
   /* CPU: wait for the rest in order, stepping each as it lands. */

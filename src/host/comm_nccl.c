@@ -346,7 +346,11 @@ mtopt_status_t mtopt__nccl_destroy(mtopt__nccl_t *n) {
   cudaEventDestroy(n->comm_done);
   cudaEventDestroy(n->compute_done);
   cudaEventDestroy(n->steps_done);
-  if (n->part) {
+  if (n->failed && !n->owned) {
+    /* A caller's communicator that failed is never aborted here, so its
+     * kernels may still run on our streams: leak the streams and green
+     * contexts rather than destroy them under those kernels. */
+  } else if (n->part) {
     mtopt__sm_partition_destroy(n->part);
   } else { /* returns at once; resources go when the work is done */
     cudaStreamDestroy(n->stream);

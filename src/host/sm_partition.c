@@ -105,17 +105,24 @@ mtopt_status_t mtopt__sm_partition_create(mtopt_context_t *ctx, int sms, int req
       mtopt__sm_partition_destroy(p);
       return MTOPT_STATUS_SUCCESS;
     }
-    if (sms >= total) {
+    /* Rounded up to the device's granularity, a count near the total leaves
+     * no SM (or cannot be split at all). */
+    int no_room = sms >= total;
+    if (!no_room) {
+      step = "cuDevSmResourceSplitByCount";
+      r = d->split(&group, &groups, &all, &rest, 0, (unsigned)sms);
+      no_room = r == CUDA_ERROR_INVALID_VALUE ||
+                (r == CUDA_SUCCESS && (groups != 1 || rest.sm.smCount == 0));
+    }
+    if (no_room) {
       mtopt__sm_partition_destroy(p);
+      if (!required) return MTOPT_STATUS_SUCCESS;
       return mtopt__error(ctx, MTOPT_STATUS_INVALID_ARGUMENT,
-                          "%s: comm_sm_count %d leaves no SM for the steps (device %d has "
-                          "%d)",
+                          "%s: comm_sm_count %d leaves no SM for the steps (device %d has %d; "
+                          "the split rounds up to its granularity)",
                           fn, sms, ctx->device, total);
     }
-    step = "cuDevSmResourceSplitByCount";
-    r = d->split(&group, &groups, &all, &rest, 0, (unsigned)sms);
   }
-  if (r == CUDA_SUCCESS && (groups != 1 || rest.sm.smCount == 0)) r = CUDA_ERROR_INVALID_VALUE;
   CUdevResource *parts[2] = {&group, &rest};
   for (int i = 0; i < 2 && r == CUDA_SUCCESS; i++) {
     step = "cuDevResourceGenerateDesc";
