@@ -879,7 +879,8 @@ int main(int argc, char **argv) {
   if (g_rank == 0) seed = tu_seed(); /* printed once, by rank 0 */
   MPI_Bcast(&seed, 1, MPI_UNSIGNED_LONG_LONG, 0, MPI_COMM_WORLD);
   g_seed = seed;
-  mtopt__dist_slice_elems = 128; /* step buckets in slices of 2 chunks */
+  mtopt__dist_slice_elems = 128;      /* step buckets in slices of 2 chunks */
+  mtopt__dist_min_segment_chunks = 1; /* cut the model's small buckets too */
 
   SRunner *sr = srunner_create(dist_suite());
   srunner_set_fork_status(sr, CK_NOFORK); /* MPI processes cannot fork */

@@ -60,7 +60,9 @@
  * Segments. With zero_stage 0, a bucket of at least twice its size (it holds
  * a large tensor, e.g. an embedding) is reduced in floor(bucket / size)
  * collectives of about equal size, cut at chunk boundaries, each stepped as
- * soon as it lands; so the step left after the last collective is small.
+ * soon as it lands; so the step left after the last collective is small. For
+ * this the size counts as at least 256 chunks (64 MB at the default chunk
+ * size), so that each segment's step still fills a GPU.
  *
  * CUDA with NCCL: collectives run on a communication stream of the
  * communicator, ordered after the context's stream with events; the bucket

@@ -13,6 +13,7 @@
 #include "comm_internal.h"
 
 int64_t mtopt__dist_slice_elems = INT64_C(1) << 20;
+int64_t mtopt__dist_min_segment_chunks = 256;
 
 #define COMM_CONFIG_MIN_SIZE (offsetof(mtopt_comm_config_t, zero_stage) + sizeof(int))
 
@@ -36,11 +37,11 @@ typedef struct {
 } bucket_t;
 
 /* One collective and the pass behind it. zero_stage 0: a bucket of at least
- * twice its size is cut at chunk boundaries into segments of about equal size
- * (at most about twice the bucket size), so that the last collective of a step
- * leaves little step behind it (a 321 MB GPT-2 XL embedding in one all-reduce
- * left 0.8 ms of step after the end of the communication). zero_stage 1: the
- * bucket. */
+ * twice its size (and of 2 * mtopt__dist_min_segment_chunks chunks) is cut
+ * at chunk boundaries into segments of about equal size, so that the last
+ * collective of a step leaves little step behind it (a 321 MB GPT-2 XL
+ * embedding in one all-reduce left 0.8 ms of step after the end of the
+ * communication). zero_stage 1: the bucket. */
 typedef struct {
   int bucket;
   int64_t offset, numel; /* zero_stage 0: range of the gradient buffer */
@@ -675,9 +676,13 @@ static mtopt_status_t build_segments(mtopt_dist_optimizer_t *d, const char *fn) 
     int64_t off = b->offset, c = b->c0;
     /* floor(numel / size) pieces of about equal size: a bucket just over its
      * size (they all close past it) stays whole; one at k times its size is
-     * cut in k. Each cut is the first chunk start at or past its target. */
+     * cut in k. The size is at least mtopt__dist_min_segment_chunks chunks:
+     * a 4 MB piece is 16 blocks of a block-per-chunk pass, too few to fill a
+     * GPU, so its step would fall behind the collectives. Each cut is the
+     * first chunk start at or past its target. */
     const size_t bytes = k == 0 ? d->comm->cfg.first_bucket_bytes : d->comm->cfg.bucket_bytes;
-    const int64_t size = bytes / sizeof(float) > 0 ? (int64_t)(bytes / sizeof(float)) : 1;
+    int64_t size = bytes / sizeof(float) > 0 ? (int64_t)(bytes / sizeof(float)) : 1;
+    if (size < mtopt__dist_min_segment_chunks * cs) size = mtopt__dist_min_segment_chunks * cs;
     const int64_t pieces = d->zero ? 1 : b->numel / size;
     for (int64_t i = b->first_tensor, cut = 1; pieces > 1 && i < b->first_tensor + b->num_tensors;
          i++) {

@@ -92,6 +92,11 @@ MTOPT__HIDDEN mtopt_status_t mtopt__nccl_synchronize(mtopt__nccl_t *n);
  * flight (2^20; tests lower it so that buckets are stepped in slices). */
 MTOPT__HIDDEN extern int64_t mtopt__dist_slice_elems;
 
+/* The fewest chunks a segment is cut to (256: a pass of fewer blocks than
+ * about two per SM leaves a GPU idle; at 64 K-element chunks, 64 MB); tests
+ * lower it so that their small buckets are cut. */
+MTOPT__HIDDEN extern int64_t mtopt__dist_min_segment_chunks;
+
 /* Benchmark hook: the collectives of one step over every bucket (all-reduce,
  * or reduce-scatter then all-gather), with no optimizer work, completed
  * (CPU) or enqueued (CUDA; call mtopt_dist_synchronize). */
