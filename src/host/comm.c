@@ -992,8 +992,8 @@ static mtopt_status_t fail_step(mtopt_dist_optimizer_t *d, mtopt_status_t st) {
   return st;
 }
 
-/* Bucket passes: on the steps' stream (NCCL with an SM partition) or the
- * context's. */
+/* Bucket passes: on the communicator's steps' stream (NCCL; the CPU
+ * ignores the stream). */
 static mtopt_status_t run_range(mtopt_dist_optimizer_t *d, mtopt__pass_t pass, int64_t c0,
                                 int64_t c1) {
   if (c0 >= c1) return MTOPT_STATUS_SUCCESS;
