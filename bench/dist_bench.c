@@ -40,7 +40,8 @@
 #include <string.h>
 #include <time.h>
 
-#include "host/comm_internal.h"
+#include "core/core.h"
+#include "dist/comm_internal.h"
 #include "mtopt/mtopt.h"
 #include "mtopt/mtopt_dist.h"
 #include "shapes.h"

@@ -245,14 +245,13 @@ START_TEST(test_grad_buffer) {
     ck_assert_int_le(len, used + 3 * r.n);
   }
   rig_fill_grads(&r, &rng, 1.0f);
+  /* zero_grad zeroes every gradient the step reads: the library's views and
+   * the user's own buffers alike (as torch's zero_grad). */
+  for (int64_t i = 0; i < r.n; i++)
+    for (int64_t k = 0; k < r.numel[i]; k++) ck_assert(r.g[i][k] != 0.0f);
   TU_OK(mtopt_optimizer_zero_grad(r.opt));
   for (int64_t i = 0; i < r.n; i++)
-    for (int64_t k = 0; k < r.numel[i]; k++) {
-      if (r.g_mem[i] == NULL)
-        ck_assert(r.g[i][k] == 0.0f);
-      else
-        ck_assert(r.g[i][k] != 0.0f);
-    }
+    for (int64_t k = 0; k < r.numel[i]; k++) ck_assert(r.g[i][k] == 0.0f);
   rig_destroy(&r);
 }
 END_TEST

@@ -31,86 +31,7 @@
 #include <math.h>
 #include <stdint.h>
 
-#ifdef __CUDACC__
-#define MTOPT_HD __host__ __device__ __forceinline__
-#else
-#define MTOPT_HD static inline
-#endif
-
-/* Optimizer kinds, as mtopt_optimizer_kind_t (kept numeric here so that device
- * code need not include the public header). */
-#define MTOPT__KIND_ADAMW 0
-#define MTOPT__KIND_ADAM 1
-#define MTOPT__KIND_SGD 2
-#define MTOPT__KIND_LAMB 3
-
-#define MTOPT__FLAG_NO_WEIGHT_DECAY 0x1u
-
-/* The passes of a step, in order: STATS when the step takes statistics, UPDATE
- * always, LAMB_APPLY for LAMB. */
-typedef enum {
-  MTOPT__PASS_STATS = 0,      /* unscaled sum of squares, non-finite count */
-  MTOPT__PASS_UPDATE = 1,     /* the update; LAMB: new moments and norms */
-  MTOPT__PASS_LAMB_APPLY = 2, /* LAMB: w -= lr * trust * u */
-} mtopt__pass_t;
-
-/* One registered tensor. s0/s1 are its state in the slab: m and v for the Adam
- * family and LAMB, the momentum buffer (s0) for SGD. */
-typedef struct {
-  float *w;
-  float *g;
-  float *s0;
-  float *s1;
-  int64_t numel;
-  int64_t first_chunk; /* its chunks are [first_chunk, first_chunk+num_chunks) */
-  int64_t num_chunks;
-  int32_t group;
-  uint32_t flags;
-} mtopt__tensor_rec_t;
-
-/* One piece of a tensor: never spans two tensors. */
-typedef struct {
-  int64_t start; /* first element within the tensor */
-  int32_t tensor;
-  int32_t len; /* 1..chunk_size */
-} mtopt__chunk_rec_t;
-
-typedef struct {
-  float lr_mult;
-  float wd_mult;
-} mtopt__group_rec_t;
-
-/* The hyperparameter and step-state block. It lives in the backend's memory:
- * host setters write the first part in stream order, the step writes the rest,
- * so a captured CUDA graph reads current values at every replay. */
-typedef struct {
-  /* written by the host */
-  float lr, beta1, beta2, eps, weight_decay, momentum, dampening;
-  float max_grad_norm; /* 0: no clipping */
-  float growth_factor, backoff_factor;
-  int32_t growth_interval;
-  int32_t kind;
-  int32_t nesterov;
-  int32_t bias_correction;
-  int32_t lamb_always_adapt;
-  int32_t use_stats; /* a statistics pass runs before the update */
-  int32_t dynamic_loss_scale;
-  int32_t reserved0;
-  /* written by the step */
-  int64_t step;          /* applied steps */
-  int64_t skipped_steps; /* steps skipped for non-finite gradients */
-  float loss_scale;
-  int32_t growth_tracker;
-  float last_grad_norm;
-  int32_t last_skipped;
-  /* carried from the statistics pass to the update pass of one step */
-  float grad_scale; /* clip / loss_scale, applied to g by the update */
-  int32_t skip;     /* this step is skipped */
-  uint32_t blocks_done; /* CUDA: counter that elects the last block */
-  uint32_t chunks_fetched; /* CUDA, small chunks: the next chunk a warp takes */
-  uint32_t blocks_exited;  /* CUDA, small chunks: blocks done with a launch */
-  int32_t reserved1;
-} mtopt__hyper_t;
+#include "plan.h"
 
 /* Per-chunk scalars, derived once per chunk from the block, the tensor's group
  * and the tensor (its flags; whether it has an SGD momentum buffer). */
@@ -266,14 +187,9 @@ MTOPT_HD void mtopt__stats_finalize(mtopt__hyper_t *h, double sumsq,
   }
 }
 
-/* Whether finishing this pass finishes the step. */
-MTOPT_HD int mtopt__pass_ends_step(int32_t kind, int pass) {
-  return pass == (kind == MTOPT__KIND_LAMB ? MTOPT__PASS_LAMB_APPLY : MTOPT__PASS_UPDATE);
-}
-
 /* End of the step, after its last pass: count it unless skipped. */
-MTOPT_HD void mtopt__step_commit(mtopt__hyper_t *h) {
-  if (!h->use_stats) h->last_skipped = 0;
+MTOPT_HD void mtopt__step_commit(const mtopt__plan_t *p, mtopt__hyper_t *h) {
+  if (!p->use_stats) h->last_skipped = 0;
   if (!h->skip) h->step += 1;
   h->skip = 0;
 }

@@ -15,7 +15,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "internal.h"
+#include "core.h"
 
 #define CKPT_MAGIC "MTOPTCKP"
 #define CKPT_FORMAT 1u
@@ -69,13 +69,6 @@ static int get(stream_t *s, void *p, size_t n) {
   return 1;
 }
 
-static int num_state(const mtopt_optimizer_t *opt) {
-  const mtopt__tensor_rec_t *t = opt->tensors_host;
-  for (int64_t i = 0; i < opt->plan.num_tensors; i++)
-    if (t[i].numel > 0) return (t[i].s0 != NULL) + (t[i].s1 != NULL);
-  return 0;
-}
-
 static int64_t max_numel(const mtopt_optimizer_t *opt) {
   int64_t m = 1;
   for (int64_t i = 0; i < opt->plan.num_tensors; i++)
@@ -126,7 +119,7 @@ mtopt_status_t mtopt_optimizer_save(mtopt_optimizer_t *opt, const char *path) {
   hd.format = CKPT_FORMAT;
   hd.kind = (uint32_t)opt->config.kind;
   hd.num_tensors = opt->plan.num_tensors;
-  hd.num_state = num_state(opt);
+  hd.num_state = opt->num_state;
   hd.lr = h.lr, hd.beta1 = h.beta1, hd.beta2 = h.beta2, hd.eps = h.eps;
   hd.weight_decay = h.weight_decay, hd.momentum = h.momentum, hd.dampening = h.dampening;
   hd.max_grad_norm = h.max_grad_norm;
@@ -196,7 +189,7 @@ mtopt_status_t mtopt_optimizer_load(mtopt_optimizer_t *opt, const char *path) {
   float *data = NULL;
   header_t hd;
   const int64_t n = opt->plan.num_tensors;
-  const int ns = num_state(opt);
+  const int ns = opt->num_state;
   if (!get(&s, &hd, sizeof hd) || memcmp(hd.magic, CKPT_MAGIC, 8) != 0) {
     st = mtopt__error(ctx, MTOPT_STATUS_IO_ERROR, "%s: '%s' is not an mtopt checkpoint", fn,
                       path);

@@ -94,7 +94,7 @@ mtopt_status_t mtopt__sm_partition_create(mtopt_context_t *ctx, int sms, int req
   CUdevResource all, group, rest;
   CUdevResourceDesc desc[2];
   unsigned groups = 1;
-  CUresult r = d->device_get(&dev, ctx->device);
+  CUresult r = d->device_get(&dev, mtopt__context_device(ctx));
   if (r == CUDA_SUCCESS) {
     step = "cuDeviceGetDevResource";
     r = d->get_resource(dev, &all, CU_DEV_RESOURCE_TYPE_SM);
@@ -120,7 +120,7 @@ mtopt_status_t mtopt__sm_partition_create(mtopt_context_t *ctx, int sms, int req
       return mtopt__error(ctx, MTOPT_STATUS_INVALID_ARGUMENT,
                           "%s: comm_sm_count %d leaves no SM for the steps (device %d has %d; "
                           "the split rounds up to its granularity)",
-                          fn, sms, ctx->device, total);
+                          fn, sms, mtopt__context_device(ctx), total);
     }
   }
   CUdevResource *parts[2] = {&group, &rest};

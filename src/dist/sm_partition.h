@@ -7,7 +7,8 @@
 
 #include <cuda_runtime_api.h>
 
-#include "internal.h"
+#include "../common/error.h"
+#include "../core/internal_api.h"
 
 typedef struct mtopt__sm_partition mtopt__sm_partition_t;
 

@@ -2,7 +2,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "internal.h"
+#include "core.h"
 
 /* Config structs grow at the end: a caller built against an older header
  * passes a smaller struct_size, never one below the first release's layout. */
@@ -41,6 +41,7 @@ mtopt_status_t mtopt_context_create(const mtopt_context_config_t *config,
                         "mtopt_context_create: config.struct_size %zu is not a "
                         "known size (initialise with MTOPT_CONTEXT_CONFIG_INIT)",
                         config->struct_size);
+  CHECK(mtopt__check_api_version(NULL, "mtopt_context_create", config->api_version));
   if (config->backend != MTOPT_BACKEND_CPU && config->backend != MTOPT_BACKEND_CUDA)
     return mtopt__error(NULL, MTOPT_STATUS_INVALID_ARGUMENT,
                         "mtopt_context_create: unknown backend %d", (int)config->backend);
@@ -102,3 +103,26 @@ mtopt_status_t mtopt_context_get_backend(const mtopt_context_t *ctx, mtopt_backe
 #ifndef MTOPT_HAVE_CUDA
 const mtopt__backend_ops_t *mtopt__cuda_ops(void) { return NULL; }
 #endif
+
+/* ---- backend.h: what a backend reads of its context ---- */
+
+void *mtopt__context_backend_state(const mtopt_context_t *ctx) { return ctx->backend_state; }
+void mtopt__context_set_backend_state(mtopt_context_t *ctx, void *state) {
+  ctx->backend_state = state;
+}
+int mtopt__context_device(const mtopt_context_t *ctx) { return ctx->device; }
+int mtopt__context_num_threads(const mtopt_context_t *ctx) { return ctx->num_threads; }
+
+/* ---- internal_api.h ---- */
+
+mtopt_status_t mtopt__context_alloc(mtopt_context_t *ctx, size_t bytes, void **out) {
+  return ctx->ops->alloc(ctx, bytes, out);
+}
+void mtopt__context_free(mtopt_context_t *ctx, void *ptr) {
+  if (ptr) ctx->ops->release(ctx, ptr);
+}
+mtopt_status_t mtopt__context_zero(mtopt_context_t *ctx, void *dst, size_t bytes) {
+  return ctx->ops->zero_ordered(ctx, dst, bytes);
+}
+void mtopt__context_hold(mtopt_context_t *ctx) { ctx->live_objects++; }
+void mtopt__context_unhold(mtopt_context_t *ctx) { ctx->live_objects--; }

@@ -3,7 +3,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "internal.h"
+#include "core.h"
 
 const char *mtopt_status_name(mtopt_status_t status) {
   switch (status) {
@@ -48,4 +48,17 @@ mtopt_status_t mtopt__error(mtopt_context_t *ctx, mtopt_status_t status,
   snprintf(thread_error, sizeof thread_error, "%s: %s", mtopt_status_name(status), msg);
   if (ctx) memcpy(ctx->last_error, thread_error, sizeof thread_error);
   return status;
+}
+
+mtopt_status_t mtopt__check_api_version(mtopt_context_t *ctx, const char *fn,
+                                        uint32_t api_version) {
+  /* The same major version keeps the ABI; a newer minor may have grown the
+   * struct, which struct_size covers. */
+  if (api_version / 10000 > MTOPT_VERSION_MAJOR)
+    return mtopt__error(ctx, MTOPT_STATUS_NOT_SUPPORTED,
+                        "%s: the config was made for mtopt %u.%u (api_version %u); this "
+                        "library is %s, an older major version",
+                        fn, api_version / 10000, api_version / 100 % 100, api_version,
+                        MTOPT_VERSION_STRING);
+  return MTOPT_STATUS_SUCCESS;
 }

@@ -1,18 +1,19 @@
 /* What the host files that talk to the CUDA runtime share (backend_cuda.c,
- * which defines these, and comm_nccl.c): the error mapping and the device
- * guard. Only files built with CUDA include it. */
+ * which defines these, and the distributed layer's NCCL transport): the error
+ * mapping and the device guard. Exported from libmtopt (MTOPT__INTERNAL) for
+ * libmtopt_dist. Only files built with CUDA include it. */
 #ifndef MTOPT_CUDA_GLUE_H
 #define MTOPT_CUDA_GLUE_H
 
 #include <cuda_runtime_api.h>
 
-#include "internal.h"
+#include "../../common/error.h"
 
 /* Reports a CUDA failure on ctx: OUT_OF_MEMORY for a failed allocation,
  * CUDA_ERROR otherwise, with "<what>: <error name>: <error string>". Clears
  * the runtime's last-error slot so a later launch check does not report the
  * same failure again. */
-MTOPT__HIDDEN mtopt_status_t mtopt__cuda_fail(mtopt_context_t *ctx, cudaError_t e,
+MTOPT__INTERNAL mtopt_status_t mtopt__cuda_fail(mtopt_context_t *ctx, cudaError_t e,
                                               const char *what);
 
 /* The runtime's current device is per host thread and the user may change it:
@@ -24,8 +25,8 @@ typedef struct {
   int switched;
 } mtopt__device_guard_t;
 
-MTOPT__HIDDEN mtopt_status_t mtopt__device_enter(mtopt_context_t *ctx,
+MTOPT__INTERNAL mtopt_status_t mtopt__device_enter(mtopt_context_t *ctx,
                                                  mtopt__device_guard_t *g);
-MTOPT__HIDDEN void mtopt__device_leave(const mtopt__device_guard_t *g);
+MTOPT__INTERNAL void mtopt__device_leave(const mtopt__device_guard_t *g);
 
 #endif /* MTOPT_CUDA_GLUE_H */

@@ -5,7 +5,8 @@
 #ifndef MTOPT_COMM_INTERNAL_H
 #define MTOPT_COMM_INTERNAL_H
 
-#include "internal.h"
+#include "../common/error.h"
+#include "../core/internal_api.h"
 #include "mtopt/mtopt_dist.h"
 
 /* ncclUniqueId is NCCL_UNIQUE_ID_BYTES (128) bytes. */

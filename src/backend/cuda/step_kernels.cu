@@ -8,18 +8,8 @@
  * backend runs; with -fmad=false -prec-div=true -prec-sqrt=true (CMake) the
  * elementwise results are bit-identical to the CPU backend.
  *
- * Memory traffic per parameter and launches per step (fp32; bytes_per_param in
- * src/host/optimizer.c counts the same):
- *   optimizer          plain step                          with statistics
- *                                                         (clip / loss scale /
- *                                                         non-finite skip)
- *   AdamW, Adam        28 B: r w,g,m,v  w w,m,v   1 launch    32 B, 2 launches
- *   SGD, momentum      20 B: r w,g,b    w w,b     1 launch    24 B, 2 launches
- *   SGD, no momentum   12 B: r w,g      w w       1 launch    16 B, 2 launches
- *   LAMB               40 B: pass 1 r w,g,m,v w m,v (24 B),   44 B, 3 launches
- *                            pass 2 r w,m,v w w (16 B);
- *                            2 launches
- * The statistics pass adds one read of g (4 B).
+ * Memory traffic per parameter and launches per step: counted once, in
+ * core/optimizer_access.c (get_info), and tabled in docs/optimizers.md.
  *
  * Grid shape, large chunks (a plan whose mean chunk has >= 4096 elements):
  * one block per chunk. The chunk table already cuts the work into
@@ -57,6 +47,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "../../common/step_math.h"
 #include "launch.h"
 
 namespace {
@@ -268,12 +259,12 @@ struct LambApplyOp { /* x = w, m, v */
  * block fences again after seeing the full count and reads the slots from L2
  * (__ldcg), never from a possibly stale L1 line. */
 template <int PASS>
-__device__ void finish_block(const mtopt__dev_plan_t &p, unsigned chunks) {
+__device__ void finish_block(const mtopt__plan_t &p, unsigned chunks) {
   __shared__ int last;
   __syncthreads(); /* the whole block's work, including its slot writes */
   if (threadIdx.x == 0) {
     __threadfence();
-    const unsigned prev = atomicAdd(&p.hyper->blocks_done, chunks);
+    const unsigned prev = atomicAdd(&p.hyper->chunks_done, chunks);
     /* A block that got no chunk never finalises: it may arrive after the
      * count is complete. */
     last = chunks > 0 && (int64_t)prev + chunks == p.num_chunks;
@@ -296,7 +287,7 @@ __device__ void finish_block(const mtopt__dev_plan_t &p, unsigned chunks) {
     sumsq = block_sum(sumsq);
     bad = block_sum(bad);
     if (threadIdx.x == 0) {
-      if (p.defer_stats) { /* ZeRO-1: the comm layer adds the other ranks' sums */
+      if (p.defer_stats) { /* the caller adds the other ranks' sums (plan.h) */
         p.stats_sum[0] = sumsq;
         p.stats_sum[1] = (double)bad;
       } else {
@@ -305,8 +296,8 @@ __device__ void finish_block(const mtopt__dev_plan_t &p, unsigned chunks) {
     }
   }
   if (threadIdx.x == 0) {
-    h->blocks_done = 0; /* every other block of the pass has counted */
-    if (mtopt__pass_ends_step(p.kind, PASS)) mtopt__step_commit(h);
+    h->chunks_done = 0; /* every other block of the pass has counted */
+    if (mtopt__pass_ends_step(&p, PASS)) mtopt__step_commit(&p, h);
   }
 }
 
@@ -321,7 +312,7 @@ struct ChunkView {
 };
 
 template <int PASS>
-__device__ __forceinline__ void load_view(const mtopt__dev_plan_t &p, int64_t c,
+__device__ __forceinline__ void load_view(const mtopt__plan_t &p, int64_t c,
                                           ChunkView &v) {
   const mtopt__chunk_rec_t ch = p.chunks[c];
   const mtopt__tensor_rec_t *t = &p.tensors[ch.tensor];
@@ -344,7 +335,7 @@ __device__ __forceinline__ void load_view(const mtopt__dev_plan_t &p, int64_t c,
 
 /* Every thread of the team calls it; v is the team's shared view. */
 template <int TEAM, int PASS, int KIND>
-__device__ __forceinline__ void do_chunk(const mtopt__dev_plan_t &p, int64_t c, ChunkView &v) {
+__device__ __forceinline__ void do_chunk(const mtopt__plan_t &p, int64_t c, ChunkView &v) {
   if (team_lane<TEAM>() == 0) load_view<PASS>(p, c, v);
   team_sync<TEAM>();
   if constexpr (PASS == MTOPT__PASS_STATS) {
@@ -423,14 +414,14 @@ __device__ __forceinline__ void do_chunk(const mtopt__dev_plan_t &p, int64_t c, 
  * the block's completion count comes once, at the end. The block that exits
  * last resets the counter for the next launch (graph replays included). */
 template <int PASS, int KIND>
-__global__ void __launch_bounds__(kBlock) block_kernel(mtopt__dev_plan_t p, int64_t c0) {
+__global__ void __launch_bounds__(kBlock) block_kernel(mtopt__plan_t p, int64_t c0) {
   __shared__ ChunkView v;
   do_chunk<kBlock, PASS, KIND>(p, c0 + blockIdx.x, v);
   finish_block<PASS>(p, 1u);
 }
 
 template <int PASS, int KIND>
-__global__ void __launch_bounds__(kBlock) warp_kernel(mtopt__dev_plan_t p, int64_t c0,
+__global__ void __launch_bounds__(kBlock) warp_kernel(mtopt__plan_t p, int64_t c0,
                                                       int64_t c1) {
   __shared__ ChunkView views[kBlock / 32];
   __shared__ unsigned done;
@@ -459,7 +450,7 @@ __global__ void __launch_bounds__(kBlock) warp_kernel(mtopt__dev_plan_t p, int64
 
 /* A pass over a plan with no chunks (an empty model, or a ZeRO-1 rank that
  * owns no elements) still ends: the same finalisation, by one thread. */
-__global__ void empty_pass_kernel(mtopt__dev_plan_t p, int pass) {
+__global__ void empty_pass_kernel(mtopt__plan_t p, int pass) {
   if (pass == MTOPT__PASS_STATS) {
     if (p.defer_stats) {
       p.stats_sum[0] = 0.0;
@@ -467,8 +458,8 @@ __global__ void empty_pass_kernel(mtopt__dev_plan_t p, int pass) {
     } else {
       mtopt__stats_finalize(p.hyper, 0.0, 0u);
     }
-  } else if (mtopt__pass_ends_step(p.kind, pass)) {
-    mtopt__step_commit(p.hyper);
+  } else if (mtopt__pass_ends_step(&p, pass)) {
+    mtopt__step_commit(&p, p.hyper);
   }
 }
 
@@ -490,7 +481,8 @@ __global__ void write_kernel(unsigned char *dst, WriteArgs src, int n) {
 } /* namespace */
 
 template <int PASS, int KIND>
-static void launch(const mtopt__dev_plan_t &p, int64_t c0, int64_t c1, cudaStream_t stream) {
+static void launch(const mtopt__plan_t &p, int sm_count, int64_t c0, int64_t c1,
+                   cudaStream_t stream) {
   const int64_t n = c1 - c0;
   if (p.mean_chunk_len >= kWarpTeamBelow) {
     block_kernel<PASS, KIND><<<(unsigned)n, kBlock, 0, stream>>>(p, c0);
@@ -499,11 +491,11 @@ static void launch(const mtopt__dev_plan_t &p, int64_t c0, int64_t c1, cudaStrea
   /* Enough blocks to fill the SMs (a few resident per SM), no more than the
    * chunks need. */
   const int64_t want = (n + kBlock / 32 - 1) / (kBlock / 32);
-  const int64_t fill = (int64_t)p.sm_count * kWarpBlocksPerSm;
+  const int64_t fill = (int64_t)sm_count * kWarpBlocksPerSm;
   warp_kernel<PASS, KIND><<<(unsigned)(want < fill ? want : fill), kBlock, 0, stream>>>(p, c0, c1);
 }
 
-extern "C" cudaError_t mtopt__launch_pass(const mtopt__dev_plan_t *plan, int pass,
+extern "C" cudaError_t mtopt__launch_pass(const mtopt__plan_t *plan, int sm_count, int pass,
                                           int64_t c0, int64_t c1, cudaStream_t stream) {
   if (plan->num_chunks == 0) {
     empty_pass_kernel<<<1, 1, 0, stream>>>(*plan, pass);
@@ -516,17 +508,17 @@ extern "C" cudaError_t mtopt__launch_pass(const mtopt__dev_plan_t *plan, int pas
   /* The statistics pass is the same for every kind, and LAMB_APPLY is LAMB's:
    * one instantiation each. */
   if (pass == MTOPT__PASS_STATS)
-    launch<MTOPT__PASS_STATS, MTOPT__KIND_ADAMW>(*plan, c0, c1, stream);
+    launch<MTOPT__PASS_STATS, MTOPT__KIND_ADAMW>(*plan, sm_count, c0, c1, stream);
   else if (pass == MTOPT__PASS_LAMB_APPLY)
-    launch<MTOPT__PASS_LAMB_APPLY, MTOPT__KIND_LAMB>(*plan, c0, c1, stream);
+    launch<MTOPT__PASS_LAMB_APPLY, MTOPT__KIND_LAMB>(*plan, sm_count, c0, c1, stream);
   else if (plan->kind == MTOPT__KIND_ADAMW)
-    launch<MTOPT__PASS_UPDATE, MTOPT__KIND_ADAMW>(*plan, c0, c1, stream);
+    launch<MTOPT__PASS_UPDATE, MTOPT__KIND_ADAMW>(*plan, sm_count, c0, c1, stream);
   else if (plan->kind == MTOPT__KIND_ADAM)
-    launch<MTOPT__PASS_UPDATE, MTOPT__KIND_ADAM>(*plan, c0, c1, stream);
+    launch<MTOPT__PASS_UPDATE, MTOPT__KIND_ADAM>(*plan, sm_count, c0, c1, stream);
   else if (plan->kind == MTOPT__KIND_SGD)
-    launch<MTOPT__PASS_UPDATE, MTOPT__KIND_SGD>(*plan, c0, c1, stream);
+    launch<MTOPT__PASS_UPDATE, MTOPT__KIND_SGD>(*plan, sm_count, c0, c1, stream);
   else
-    launch<MTOPT__PASS_UPDATE, MTOPT__KIND_LAMB>(*plan, c0, c1, stream);
+    launch<MTOPT__PASS_UPDATE, MTOPT__KIND_LAMB>(*plan, sm_count, c0, c1, stream);
   return cudaGetLastError();
 }
 

@@ -40,7 +40,7 @@
 #include <nccl.h>
 
 #include "comm_internal.h"
-#include "cuda_glue.h"
+#include "../backend/cuda/cuda_glue.h"
 #include "mtopt/mtopt_cuda.h"
 #include "sm_partition.h"
 
@@ -136,11 +136,11 @@ mtopt_status_t mtopt__nccl_comm_info(mtopt_context_t *ctx, void *nccl_comm, int 
   int dev = -1;
   if (r == ncclSuccess) r = ncclCommCuDevice(c, &dev);
   if (r != ncclSuccess) return nccl_fail(ctx, r, "mtopt_comm_create_nccl");
-  if (dev != ctx->device)
+  if (dev != mtopt__context_device(ctx))
     return mtopt__error(ctx, MTOPT_STATUS_INVALID_ARGUMENT,
                         "mtopt_comm_create_nccl: the NCCL communicator is on device %d, the "
                         "context on device %d",
-                        dev, ctx->device);
+                        dev, mtopt__context_device(ctx));
   return MTOPT_STATUS_SUCCESS;
 }
 

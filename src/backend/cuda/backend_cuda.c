@@ -1,6 +1,8 @@
 /* The CUDA backend glue: memory, copies, pointer checks and the launch of each
- * pass on the context's stream. The only host file that includes CUDA runtime
- * headers; the kernels live in src/device/step_kernels.cu.
+ * pass on the context's stream, and the public calls of mtopt_cuda.h. The
+ * kernels live in step_kernels.cu. (Host files that include CUDA headers:
+ * this one and, in the distributed layer, transport_nccl.c and
+ * sm_partition.c.)
  *
  * Every CUDA failure becomes mtopt__error(ctx, MTOPT_STATUS_CUDA_ERROR, "<what>:
  * <cudaGetErrorString>") (OUT_OF_MEMORY for a failed allocation), never an
@@ -12,9 +14,11 @@
 
 #include <cuda_runtime_api.h>
 
+#include "../backend.h"
 #include "cuda_glue.h"
 #include "mtopt/mtopt_cuda.h"
-#include "../device/launch.h"
+#include "../../core/internal_api.h"
+#include "launch.h"
 
 /* ctx->backend_state of a CUDA context. */
 typedef struct {
@@ -23,7 +27,7 @@ typedef struct {
 } cuda_state_t;
 
 static cuda_state_t *state_of(const mtopt_context_t *ctx) {
-  return (cuda_state_t *)ctx->backend_state;
+  return (cuda_state_t *)mtopt__context_backend_state(ctx);
 }
 
 mtopt_status_t mtopt__cuda_fail(mtopt_context_t *ctx, cudaError_t e, const char *what) {
@@ -42,8 +46,8 @@ mtopt_status_t mtopt__cuda_fail(mtopt_context_t *ctx, cudaError_t e, const char 
 mtopt_status_t mtopt__device_enter(mtopt_context_t *ctx, mtopt__device_guard_t *g) {
   g->switched = 0;
   CUDA_CHECK(ctx, cudaGetDevice(&g->prev), "cudaGetDevice");
-  if (g->prev != ctx->device) {
-    CUDA_CHECK(ctx, cudaSetDevice(ctx->device), "cudaSetDevice");
+  if (g->prev != mtopt__context_device(ctx)) {
+    CUDA_CHECK(ctx, cudaSetDevice(mtopt__context_device(ctx)), "cudaSetDevice");
     g->switched = 1;
   }
   return MTOPT_STATUS_SUCCESS;
@@ -63,14 +67,14 @@ static mtopt_status_t cuda_init(mtopt_context_t *ctx) {
     return mtopt__error(ctx, MTOPT_STATUS_CUDA_ERROR, "no CUDA device: %s",
                         e != cudaSuccess ? cudaGetErrorString(e) : "the device count is 0");
   }
-  if (ctx->device < 0 || ctx->device >= count)
+  if (mtopt__context_device(ctx) < 0 || mtopt__context_device(ctx) >= count)
     return mtopt__error(ctx, MTOPT_STATUS_CUDA_ERROR,
-                        "CUDA device %d does not exist (%d device%s present)", ctx->device,
+                        "CUDA device %d does not exist (%d device%s present)", mtopt__context_device(ctx),
                         count, count == 1 ? "" : "s");
   mtopt__device_guard_t g;
   CHECK(mtopt__device_enter(ctx, &g));
   int sms = 0;
-  e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, ctx->device);
+  e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, mtopt__context_device(ctx));
   /* Initialise the device's primary context now, at set-up, not in a step. */
   if (e == cudaSuccess) e = cudaFree(NULL);
   mtopt__device_leave(&g);
@@ -79,13 +83,13 @@ static mtopt_status_t cuda_init(mtopt_context_t *ctx) {
   if (!s) return mtopt__error(ctx, MTOPT_STATUS_OUT_OF_MEMORY, "CUDA context: calloc failed");
   s->stream = 0;
   s->sm_count = sms;
-  ctx->backend_state = s;
+  mtopt__context_set_backend_state(ctx, s);
   return MTOPT_STATUS_SUCCESS;
 }
 
 static void cuda_fini(mtopt_context_t *ctx) {
-  free(ctx->backend_state);
-  ctx->backend_state = NULL;
+  free(state_of(ctx));
+  mtopt__context_set_backend_state(ctx, NULL);
 }
 
 /* ---- memory ---- */
@@ -194,7 +198,7 @@ static mtopt_status_t check_one(mtopt_context_t *ctx, const void *p, const char 
   const char *bad = NULL;
   switch (a.type) {
   case cudaMemoryTypeDevice:
-    if (a.device != ctx->device) bad = "device memory of another GPU";
+    if (a.device != mtopt__context_device(ctx)) bad = "device memory of another GPU";
     break;
   case cudaMemoryTypeManaged:
     break;
@@ -210,7 +214,7 @@ static mtopt_status_t check_one(mtopt_context_t *ctx, const void *p, const char 
                         "mtopt_optimizer_create: tensor %lld: the %s pointer %p (%s byte) "
                         "is %s; a CUDA context needs device memory of device %d or "
                         "managed memory",
-                        (long long)tensor, what, p, which, bad, ctx->device);
+                        (long long)tensor, what, p, which, bad, mtopt__context_device(ctx));
   return MTOPT_STATUS_SUCCESS;
 }
 
@@ -235,26 +239,10 @@ static mtopt_status_t cuda_run_pass(mtopt_context_t *ctx, const mtopt__plan_t *p
     return mtopt__error(ctx, MTOPT_STATUS_INTERNAL,
                         "run_pass: chunk range [%lld, %lld) outside [0, %lld)", (long long)c0,
                         (long long)c1, (long long)plan->num_chunks);
-  const mtopt__dev_plan_t p = {
-      .tensors = plan->tensors,
-      .chunks = plan->chunks,
-      .groups = plan->groups,
-      .hyper = plan->hyper,
-      .slot_gsq = plan->slot_gsq,
-      .slot_nonfinite = plan->slot_nonfinite,
-      .slot_wsq = plan->slot_wsq,
-      .slot_usq = plan->slot_usq,
-      .stats_sum = plan->stats_sum,
-      .num_chunks = plan->num_chunks,
-      .mean_chunk_len = plan->num_chunks ? plan->num_elements / plan->num_chunks : 0,
-      .sm_count = state_of(ctx)->sm_count,
-      .kind = plan->kind,
-      .defer_stats = plan->defer_stats != 0 && plan->stats_sum != NULL,
-  };
   mtopt__device_guard_t g;
   CHECK(mtopt__device_enter(ctx, &g));
   const cudaStream_t on = stream ? (cudaStream_t)*stream : state_of(ctx)->stream;
-  const cudaError_t e = mtopt__launch_pass(&p, (int)pass, c0, c1, on);
+  const cudaError_t e = mtopt__launch_pass(plan, state_of(ctx)->sm_count, (int)pass, c0, c1, on);
   mtopt__device_leave(&g);
   if (e != cudaSuccess) {
     static const char *const names[] = {"statistics", "update", "LAMB apply"};
@@ -276,11 +264,9 @@ static mtopt_status_t cuda_synchronize(mtopt_context_t *ctx) {
   return MTOPT_STATUS_SUCCESS;
 }
 
-/* The deferred end of a STATS pass (ZeRO-1), after the comm layer summed the
- * ranks' stats_sum on the stream. */
+/* The deferred end of a STATS pass (plan.h: defer_stats), after the caller
+ * summed the ranks' stats_sum on the stream. */
 static mtopt_status_t cuda_finish_stats(mtopt_context_t *ctx, const mtopt__plan_t *plan) {
-  if (!plan->stats_sum)
-    return mtopt__error(ctx, MTOPT_STATUS_INTERNAL, "finish_stats: the plan has no stats_sum");
   mtopt__device_guard_t g;
   CHECK(mtopt__device_enter(ctx, &g));
   const cudaError_t e =
@@ -312,7 +298,9 @@ const mtopt__backend_ops_t *mtopt__cuda_ops(void) { return &cuda_ops; }
 
 static mtopt_status_t check_cuda_ctx(const mtopt_context_t *ctx, const char *fn) {
   if (!ctx) return mtopt__error(NULL, MTOPT_STATUS_INVALID_ARGUMENT, "%s: ctx is NULL", fn);
-  if (ctx->backend != MTOPT_BACKEND_CUDA || !ctx->backend_state)
+  mtopt_backend_t backend = MTOPT_BACKEND_CPU;
+  if (mtopt_context_get_backend(ctx, &backend) != MTOPT_STATUS_SUCCESS ||
+      backend != MTOPT_BACKEND_CUDA || !state_of(ctx))
     return mtopt__error((mtopt_context_t *)ctx, MTOPT_STATUS_INVALID_ARGUMENT,
                         "%s: the context is not a CUDA context", fn);
   return MTOPT_STATUS_SUCCESS;
@@ -346,8 +334,9 @@ mtopt_status_t mtopt_cuda_optimizer_get_device_results(mtopt_optimizer_t *opt,
                                                        const float **loss_scale) {
   static const char fn[] = "mtopt_cuda_optimizer_get_device_results";
   if (!opt) return mtopt__error(NULL, MTOPT_STATUS_INVALID_ARGUMENT, "%s: opt is NULL", fn);
-  CHECK(check_cuda_ctx(opt->ctx, fn));
-  mtopt__hyper_t *h = opt->plan.hyper;
+  const mtopt__plan_t *plan = mtopt__optimizer_plan(opt);
+  CHECK(check_cuda_ctx(mtopt__optimizer_context(opt), fn));
+  mtopt__hyper_t *h = plan->hyper;
   if (last_grad_norm) *last_grad_norm = &h->last_grad_norm;
   if (last_skipped) *last_skipped = &h->last_skipped;
   if (loss_scale) *loss_scale = &h->loss_scale;

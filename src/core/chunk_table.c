@@ -1,9 +1,9 @@
-/* The chunk planner: cuts every tensor into chunks of at most chunk_size
+/* The chunk table: cuts every tensor into chunks of at most chunk_size
  * elements. A chunk never spans tensors; empty tensors get no chunk. The table
  * is built once per optimizer, so a step needs no host work per tensor. */
-#include "internal.h"
+#include "core.h"
 
-int64_t mtopt__plan_chunks(const int64_t *numel, int64_t n, int64_t chunk_size,
+int64_t mtopt__chunk_table(const int64_t *numel, int64_t n, int64_t chunk_size,
                            int64_t *first_chunk, int64_t *num_chunks,
                            mtopt__chunk_rec_t *chunks) {
   if (chunk_size <= 0 || chunk_size > INT32_MAX || n < 0) return -1;
@@ -27,11 +27,4 @@ int64_t mtopt__plan_chunks(const int64_t *numel, int64_t n, int64_t chunk_size,
     total += k;
   }
   return total;
-}
-
-int64_t mtopt__aligned_offset(int64_t offset, const void *w) {
-  /* 16 bytes = 4 floats: give the state the weights' residue mod 4 floats. */
-  const int64_t want = (int64_t)(((uintptr_t)w / sizeof(float)) & 3u);
-  const int64_t have = offset & 3;
-  return offset + ((want - have) & 3);
 }

@@ -2,7 +2,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "internal.h"
+#include "core.h"
 
 #define DESC_MIN_SIZE (offsetof(mtopt_tensor_desc_t, name) + sizeof(const char *))
 
@@ -159,4 +159,20 @@ mtopt_status_t mtopt_tensor_list_count(const mtopt_tensor_list_t *list, int64_t 
                         "mtopt_tensor_list_count: %s is NULL", list ? "count" : "list");
   *count = list->count;
   return MTOPT_STATUS_SUCCESS;
+}
+
+/* ---- internal_api.h ---- */
+
+mtopt_context_t *mtopt__tensor_list_context(const mtopt_tensor_list_t *list) {
+  return list->ctx;
+}
+int64_t mtopt__tensor_list_size(const mtopt_tensor_list_t *list) { return list->count; }
+const mtopt_tensor_desc_t *mtopt__tensor_list_desc(const mtopt_tensor_list_t *list, int64_t i) {
+  return &list->items[i].desc;
+}
+int mtopt__tensor_list_in_use(const mtopt_tensor_list_t *list) { return list->users > 0; }
+void mtopt__tensor_list_freeze(mtopt_tensor_list_t *list) { list->users++; }
+void mtopt__tensor_list_unfreeze(mtopt_tensor_list_t *list) { list->users--; }
+void mtopt__tensor_list_copy_groups(mtopt_tensor_list_t *dst, const mtopt_tensor_list_t *src) {
+  memcpy(dst->groups, src->groups, sizeof dst->groups);
 }

@@ -9,7 +9,8 @@
 #include <omp.h>
 #endif
 
-#include "internal.h"
+#include "../../common/step_math.h"
+#include "../backend.h"
 
 static mtopt_status_t cpu_init(mtopt_context_t *ctx) {
   (void)ctx;
@@ -59,7 +60,8 @@ static mtopt_status_t cpu_sync(mtopt_context_t *ctx) {
 
 static int cpu_threads(const mtopt_context_t *ctx) {
 #ifdef _OPENMP
-  return ctx->num_threads > 0 ? ctx->num_threads : omp_get_max_threads();
+  const int n = mtopt__context_num_threads(ctx);
+  return n > 0 ? n : omp_get_max_threads();
 #else
   (void)ctx;
   return 1;
@@ -188,9 +190,9 @@ static mtopt_status_t cpu_run_pass(mtopt_context_t *ctx, const mtopt__plan_t *p,
         lamb_apply_chunk(p, h, c);
     }
   }
-  h->blocks_done += (uint32_t)(c1 - c0);
-  if (h->blocks_done < p->num_chunks) return MTOPT_STATUS_SUCCESS;
-  h->blocks_done = 0;
+  h->chunks_done += (uint32_t)(c1 - c0);
+  if (h->chunks_done < p->num_chunks) return MTOPT_STATUS_SUCCESS;
+  h->chunks_done = 0;
   if (pass == MTOPT__PASS_STATS) {
     /* Fixed order: the same sum on every run. */
     double sumsq = 0.0;
@@ -199,14 +201,14 @@ static mtopt_status_t cpu_run_pass(mtopt_context_t *ctx, const mtopt__plan_t *p,
       sumsq += p->slot_gsq[c];
       bad += p->slot_nonfinite[c];
     }
-    if (p->defer_stats) { /* ZeRO-1: the comm layer adds the other ranks' sums */
+    if (p->defer_stats) { /* the caller adds the other ranks' sums (plan.h) */
       p->stats_sum[0] = sumsq;
       p->stats_sum[1] = (double)bad;
     } else {
       mtopt__stats_finalize(h, sumsq, bad);
     }
-  } else if (mtopt__pass_ends_step(p->kind, pass)) {
-    mtopt__step_commit(h);
+  } else if (mtopt__pass_ends_step(p, pass)) {
+    mtopt__step_commit(p, h);
   }
   return MTOPT_STATUS_SUCCESS;
 }

@@ -58,8 +58,9 @@ struct mtopt_dist_optimizer {
   mtopt_tensor_list_t *list;       /* the user's; frozen while we live */
   mtopt_tensor_list_t *shard_list; /* ZeRO-1: the pieces */
   mtopt_optimizer_t *opt;          /* the inner optimizer */
-  mtopt__plan_t plan;              /* the inner plan as we run it */
-  int zero, kind, use_stats, world, rank;
+  const mtopt__plan_t *plan;       /* the inner optimizer's */
+  mtopt_optimizer_config_t config; /* as read at create */
+  int zero, world, rank;
   float inv_world;
   int nb, ns;
   bucket_t *b;
@@ -73,7 +74,6 @@ struct mtopt_dist_optimizer {
   int64_t gbuf_numel;
   float *shard;      /* ZeRO-1: this rank's reduced slices */
   int64_t shard_numel;
-  double *stats_sum; /* ZeRO-1 with statistics: 2 doubles, backend memory */
   piece_t *pieces;
   int64_t npieces;
   /* one step */
@@ -124,6 +124,12 @@ static mtopt_status_t mpi_wait(mtopt_context_t *ctx, MPI_Request *r, int timeout
                           what, timeout_ms);
     sched_yield();
   }
+}
+
+static mtopt_backend_t context_backend(const mtopt_context_t *ctx) {
+  mtopt_backend_t b = MTOPT_BACKEND_CPU;
+  (void)mtopt_context_get_backend(ctx, &b);
+  return b;
 }
 
 static mtopt_status_t check_mpi_ready(mtopt_context_t *ctx, const char *fn) {
@@ -201,7 +207,7 @@ mtopt_status_t mtopt_comm_create_mpi(mtopt_context_t *ctx, MPI_Comm comm,
   if (comm == MPI_COMM_NULL)
     return mtopt__error(ctx, MTOPT_STATUS_INVALID_ARGUMENT, "%s: comm is MPI_COMM_NULL", fn);
 #ifndef MTOPT_HAVE_NCCL
-  if (ctx->backend != MTOPT_BACKEND_CPU)
+  if (context_backend(ctx) != MTOPT_BACKEND_CPU)
     return mtopt__error(ctx, MTOPT_STATUS_NOT_SUPPORTED,
                         "%s: a CUDA context needs NCCL; this build has none (configure "
                         "with -DMTOPT_WITH_NCCL=ON)",
@@ -223,7 +229,7 @@ mtopt_status_t mtopt_comm_create_mpi(mtopt_context_t *ctx, MPI_Comm comm,
   MPI_Comm_rank(c->mpi, &c->rank);
   MPI_Comm_size(c->mpi, &c->world);
 #ifdef MTOPT_HAVE_NCCL
-  if (ctx->backend == MTOPT_BACKEND_CUDA) {
+  if (context_backend(ctx) == MTOPT_BACKEND_CUDA) {
     unsigned char id[MTOPT__NCCL_ID_BYTES];
     memset(id, 0, sizeof id);
     /* Rank 0's failure must reach the others, or they would wait in the
@@ -260,7 +266,7 @@ mtopt_status_t mtopt_comm_create_mpi(mtopt_context_t *ctx, MPI_Comm comm,
     if (st != MTOPT_STATUS_SUCCESS) goto fail;
   }
 #endif
-  ctx->live_objects++;
+  mtopt__context_hold(ctx);
   *out = c;
   return MTOPT_STATUS_SUCCESS;
 fail:
@@ -286,7 +292,7 @@ mtopt_status_t mtopt_comm_create_nccl(mtopt_context_t *ctx, void *nccl_comm,
                       "-DMTOPT_WITH_NCCL=ON)",
                       fn);
 #else
-  if (ctx->backend != MTOPT_BACKEND_CUDA)
+  if (context_backend(ctx) != MTOPT_BACKEND_CUDA)
     return mtopt__error(ctx, MTOPT_STATUS_NOT_SUPPORTED,
                         "%s: an NCCL communicator needs a CUDA context", fn);
   mtopt_comm_t *c = calloc(1, sizeof *c);
@@ -302,7 +308,7 @@ mtopt_status_t mtopt_comm_create_nccl(mtopt_context_t *ctx, void *nccl_comm,
     free(c);
     return st;
   }
-  ctx->live_objects++;
+  mtopt__context_hold(ctx);
   *out = c;
   return MTOPT_STATUS_SUCCESS;
 #endif
@@ -322,7 +328,7 @@ mtopt_status_t mtopt_comm_destroy(mtopt_comm_t *comm) {
   int fin = 0;
   MPI_Finalized(&fin);
   if (comm->mpi != MPI_COMM_NULL && !fin) MPI_Comm_free(&comm->mpi);
-  comm->ctx->live_objects--;
+  mtopt__context_unhold(comm->ctx);
   free(comm);
   return st;
 }
@@ -430,11 +436,11 @@ static const char *const h_names[H_N] = {
  * rank, so every rank reports the same mismatch. */
 static mtopt_status_t check_plan_across_ranks(mtopt_dist_optimizer_t *d, const char *fn) {
   mtopt_comm_t *c = d->comm;
-  const mtopt_optimizer_config_t *oc = &d->opt->config;
+  const mtopt_optimizer_config_t *oc = &d->config;
   int64_t h[H_N];
   uint64_t hash = 0x12345;
   for (int64_t i = 0; i < d->nt; i++) {
-    const mtopt_tensor_desc_t *t = &d->list->items[i].desc;
+    const mtopt_tensor_desc_t *t = mtopt__tensor_list_desc(d->list, i);
     hash = mix(mix(mix(mix(hash, t->numel), d->goff[i]), t->group), (int64_t)t->flags);
   }
   h[H_NT] = d->nt;
@@ -443,7 +449,7 @@ static mtopt_status_t check_plan_across_ranks(mtopt_dist_optimizer_t *d, const c
   h[H_FIRST] = (int64_t)c->cfg.first_bucket_bytes;
   h[H_KIND] = oc->kind;
   h[H_CHUNK] = oc->chunk_size;
-  h[H_STATS] = d->use_stats;
+  h[H_STATS] = d->plan->use_stats;
   h[H_NB] = d->nb;
   h[H_GBUF] = d->gbuf_numel;
   h[H_HASH] = (int64_t)(hash >> 2); /* non-negative: -x must not overflow */
@@ -469,7 +475,7 @@ static mtopt_status_t check_plan_across_ranks(mtopt_dist_optimizer_t *d, const c
     return mtopt__error(c->ctx, MTOPT_STATUS_OUT_OF_MEMORY, "%s: malloc failed", fn);
   }
   for (int64_t i = 0; i < nmin; i++) {
-    const mtopt_tensor_desc_t *t = &d->list->items[i].desc;
+    const mtopt_tensor_desc_t *t = mtopt__tensor_list_desc(d->list, i);
     const int64_t rec[4] = {t->numel, d->goff[i], t->group, (int64_t)t->flags};
     for (int k = 0; k < nrec; k++) {
       mine[i * nrec + k] = rec[k];
@@ -496,7 +502,7 @@ static mtopt_status_t check_plan_across_ranks(mtopt_dist_optimizer_t *d, const c
           break;
         }
     if (bad >= 0) {
-      const char *nm = d->list->items[bad].name;
+      const char *nm = mtopt__tensor_list_desc(d->list, bad)->name;
       st = mtopt__error(
           c->ctx, MTOPT_STATUS_INVALID_ARGUMENT,
           "%s: the ranks built different plans: tensor %lld '%s' has %s between %lld and "
@@ -526,9 +532,8 @@ static void dist_free(mtopt_dist_optimizer_t *d) {
   mtopt_context_t *ctx = d->ctx;
   if (d->opt) mtopt_optimizer_destroy(d->opt);
   if (d->shard_list) mtopt_tensor_list_destroy(d->shard_list);
-  if (d->zero && d->gbuf) ctx->ops->release(ctx, d->gbuf);
-  if (d->shard) ctx->ops->release(ctx, d->shard);
-  if (d->stats_sum) ctx->ops->release(ctx, d->stats_sum);
+  if (d->zero) mtopt__context_free(ctx, d->gbuf);
+  mtopt__context_free(ctx, d->shard);
 #ifdef MTOPT_HAVE_NCCL
   if (d->ev) mtopt__nccl_events_destroy(d->ev);
 #endif
@@ -550,8 +555,7 @@ static void dist_free(mtopt_dist_optimizer_t *d) {
  * and 16-byte aligned; tensors inside at offsets with their weights' residue
  * mod 16 bytes (as the core's buffer), so w, g and state share one vector
  * path. Then this rank's pieces become the inner optimizer's tensors. */
-static mtopt_status_t build_zero1(mtopt_dist_optimizer_t *d, const mtopt_optimizer_config_t *cfg,
-                                  const char *fn) {
+static mtopt_status_t build_zero1(mtopt_dist_optimizer_t *d, const char *fn) {
   mtopt_context_t *ctx = d->ctx;
   const int W = d->world, R = d->rank;
   int64_t off = 0, soff = 0;
@@ -575,16 +579,15 @@ static mtopt_status_t build_zero1(mtopt_dist_optimizer_t *d, const mtopt_optimiz
   }
   d->gbuf_numel = off;
   d->shard_numel = soff;
-  if (off > 0) CHECK(ctx->ops->alloc(ctx, (size_t)off * sizeof(float), (void **)&d->gbuf));
-  if (soff > 0) CHECK(ctx->ops->alloc(ctx, (size_t)soff * sizeof(float), (void **)&d->shard));
+  if (off > 0) CHECK(mtopt__context_alloc(ctx, (size_t)off * sizeof(float), (void **)&d->gbuf));
+  if (soff > 0) CHECK(mtopt__context_alloc(ctx, (size_t)soff * sizeof(float), (void **)&d->shard));
 
   /* This rank's pieces, bucket by bucket, so that each bucket's pieces (and
    * chunks) are contiguous in the inner optimizer. */
   d->pieces = malloc((size_t)(d->nt + d->nb + 1) * sizeof *d->pieces);
   if (!d->pieces) return mtopt__error(ctx, MTOPT_STATUS_OUT_OF_MEMORY, "%s: malloc failed", fn);
   CHECK(mtopt_tensor_list_create(ctx, &d->shard_list));
-  for (int g = 0; g < MTOPT_MAX_GROUPS; g++)
-    d->shard_list->groups[g] = d->list->groups[g];
+  mtopt__tensor_list_copy_groups(d->shard_list, d->list);
   int64_t np = 0;
   for (int k = 0; k < d->nb; k++) {
     bucket_t *b = &d->b[k];
@@ -594,52 +597,57 @@ static mtopt_status_t build_zero1(mtopt_dist_optimizer_t *d, const mtopt_optimiz
       const int64_t lo = d->goff[i] > s0 ? d->goff[i] : s0;
       const int64_t hi = d->goff[i] + d->numel[i] < s1 ? d->goff[i] + d->numel[i] : s1;
       if (hi <= lo) continue;
-      const mtopt_tensor_desc_t *src = &d->list->items[i].desc;
+      const mtopt_tensor_desc_t *src = mtopt__tensor_list_desc(d->list, i);
       mtopt_tensor_desc_t desc = *src;
       desc.struct_size = sizeof desc;
       desc.param = d->param[i] + (lo - d->goff[i]);
       desc.grad = d->shard + b->shard_off + (lo - s0);
       desc.numel = hi - lo;
-      desc.name = d->list->items[i].name;
       CHECK(mtopt_tensor_list_add(d->shard_list, &desc, NULL));
       d->pieces[np++] = (piece_t){i, lo - d->goff[i], hi - lo};
     }
     b->p1 = np;
   }
   d->npieces = np;
-  CHECK(mtopt_optimizer_create(ctx, d->shard_list, cfg, &d->opt));
-  const mtopt__tensor_rec_t *tr = d->opt->tensors_host;
-  const int64_t nc = d->opt->plan.num_chunks;
+  /* Each rank holds a shard: the global norm needs every rank's sums. */
+  const mtopt__optimizer_options_t shard = {.defer_stats = 1};
+  CHECK(mtopt__optimizer_create(ctx, d->shard_list, &d->config, &shard, &d->opt));
+  d->plan = mtopt__optimizer_plan(d->opt);
+  const int64_t nc = mtopt__optimizer_plan(d->opt)->num_chunks;
   for (int k = 0; k < d->nb; k++) {
     bucket_t *b = &d->b[k];
-    b->c0 = b->p0 < np ? tr[b->p0].first_chunk : nc;
-    b->c1 = b->p1 < np ? tr[b->p1].first_chunk : nc;
+    b->c0 = b->p0 < np ? mtopt__optimizer_tensor(d->opt, b->p0)->first_chunk : nc;
+    b->c1 = b->p1 < np ? mtopt__optimizer_tensor(d->opt, b->p1)->first_chunk : nc;
   }
   return MTOPT_STATUS_SUCCESS;
+}
+
+static const mtopt__tensor_rec_t *rec(const mtopt_dist_optimizer_t *d, int64_t i) {
+  return mtopt__optimizer_tensor(d->opt, i);
 }
 
 /* zero_stage 0: the inner optimizer owns the buffer (registration order, with
  * alignment padding); a bucket is the range from its first tensor's gradient
  * to its last one's end. */
 static void build_zero0(mtopt_dist_optimizer_t *d) {
-  const mtopt__tensor_rec_t *tr = d->opt->tensors_host;
-  d->gbuf = d->opt->dev_grads;
-  d->gbuf_numel = d->opt->grad_buffer_numel;
+  void *gbuf = NULL;
+  (void)mtopt_optimizer_get_grad_buffer(d->opt, &gbuf, &d->gbuf_numel);
+  d->gbuf = gbuf;
   int64_t next = 0; /* offset of the next non-empty tensor, for empty ones */
   for (int64_t i = 0; i < d->nt; i++) {
     if (d->numel[i] > 0) {
-      d->goff[i] = tr[i].g - d->gbuf;
+      d->goff[i] = rec(d, i)->g - d->gbuf;
       next = d->goff[i] + d->numel[i];
     } else {
       d->goff[i] = next;
     }
   }
-  const int64_t nc = d->opt->plan.num_chunks;
+  const int64_t nc = d->plan->num_chunks;
   for (int k = 0; k < d->nb; k++) {
     bucket_t *b = &d->b[k];
     const int64_t lo = b->first_tensor, hi = lo + b->num_tensors;
-    b->c0 = tr[lo].first_chunk;
-    b->c1 = hi < d->nt ? tr[hi].first_chunk : nc;
+    b->c0 = rec(d, lo)->first_chunk;
+    b->c1 = hi < d->nt ? rec(d, hi)->first_chunk : nc;
     int64_t s = -1, e = -1;
     for (int64_t i = lo; i < hi; i++) {
       if (d->numel[i] == 0) continue;
@@ -668,8 +676,7 @@ static mtopt_status_t build_segments(mtopt_dist_optimizer_t *d, const char *fn) 
   int cap = d->nb > 0 ? d->nb : 1;
   d->seg = malloc((size_t)cap * sizeof *d->seg);
   if (!d->seg) return mtopt__error(d->ctx, MTOPT_STATUS_OUT_OF_MEMORY, "%s: malloc failed", fn);
-  const mtopt__tensor_rec_t *tr = d->opt->tensors_host;
-  const int64_t cs = d->plan.chunk_size;
+  const int64_t cs = d->plan->chunk_size;
   for (int k = 0; k < d->nb; k++) {
     bucket_t *b = &d->b[k];
     b->s0 = d->ns;
@@ -686,15 +693,15 @@ static mtopt_status_t build_segments(mtopt_dist_optimizer_t *d, const char *fn) 
     const int64_t pieces = d->zero ? 1 : b->numel / size;
     for (int64_t i = b->first_tensor, cut = 1; pieces > 1 && i < b->first_tensor + b->num_tensors;
          i++) {
-      for (int64_t j = 0; j < tr[i].num_chunks && cut < pieces; j++) {
+      for (int64_t j = 0; j < rec(d, i)->num_chunks && cut < pieces; j++) {
         const int64_t at = d->goff[i] + j * cs; /* chunk j's start in the buffer */
         const int64_t target =
             b->offset + b->numel / pieces * cut + b->numel % pieces * cut / pieces;
         if (at < target || at <= off) continue;
-        if (!push_segment(d, &cap, (segment_t){k, off, at - off, c, tr[i].first_chunk + j}))
+        if (!push_segment(d, &cap, (segment_t){k, off, at - off, c, rec(d, i)->first_chunk + j}))
           return mtopt__error(d->ctx, MTOPT_STATUS_OUT_OF_MEMORY, "%s: realloc failed", fn);
         off = at;
-        c = tr[i].first_chunk + j;
+        c = rec(d, i)->first_chunk + j;
         cut++;
       }
     }
@@ -713,38 +720,31 @@ mtopt_status_t mtopt_dist_optimizer_create(mtopt_comm_t *comm, mtopt_tensor_list
     return mtopt__error(comm ? comm->ctx : NULL, MTOPT_STATUS_INVALID_ARGUMENT, "%s: %s is NULL",
                         fn, !comm ? "comm" : !list ? "list" : !config ? "config" : "out");
   mtopt_context_t *ctx = comm->ctx;
-  if (list->ctx != ctx)
+  if (mtopt__tensor_list_context(list) != ctx)
     return mtopt__error(ctx, MTOPT_STATUS_INVALID_ARGUMENT,
                         "%s: the tensor list belongs to another context than the "
                         "communicator",
                         fn);
-  if (config->struct_size < offsetof(mtopt_optimizer_config_t, kind) + sizeof(int))
-    return mtopt__error(ctx, MTOPT_STATUS_INVALID_ARGUMENT,
-                        "%s: config.struct_size %zu is not a known size", fn,
-                        config->struct_size);
-  for (int64_t i = 0; i < list->count; i++)
-    if (list->items[i].desc.grad)
+  mtopt_optimizer_config_t cfg;
+  CHECK(mtopt__optimizer_config_read(ctx, fn, config, &cfg));
+  for (int64_t i = 0; i < mtopt__tensor_list_size(list); i++) {
+    const mtopt_tensor_desc_t *t = mtopt__tensor_list_desc(list, i);
+    if (t->grad)
       return mtopt__error(ctx, MTOPT_STATUS_INVALID_ARGUMENT,
                           "%s: tensor %lld '%s' was added with its own gradient; the "
                           "distributed optimizer needs grad == NULL (its buckets are "
                           "ranges of the library's contiguous gradient buffer)",
-                          fn, (long long)i, list->items[i].name ? list->items[i].name : "");
-  if (list->users > 0)
+                          fn, (long long)i, t->name ? t->name : "");
+  }
+  if (mtopt__tensor_list_in_use(list))
     return mtopt__error(ctx, MTOPT_STATUS_INVALID_USAGE,
                         "%s: the tensor list is already used by an optimizer", fn);
-  if (comm->cfg.zero_stage == 1 && config->kind == MTOPT_OPTIMIZER_LAMB)
+  if (comm->cfg.zero_stage == 1 && cfg.kind == MTOPT_OPTIMIZER_LAMB)
     return mtopt__error(ctx, MTOPT_STATUS_NOT_SUPPORTED,
                         "%s: LAMB with zero_stage 1 is not supported: its trust ratio needs "
                         "each tensor's norms, and with ZeRO-1 a tensor's elements are "
                         "spread over ranks (use zero_stage 0)",
                         fn);
-#ifdef MTOPT_HAVE_NCCL
-  if (comm->nccl && comm->cfg.zero_stage == 1 && !ctx->ops->finish_stats)
-    return mtopt__error(ctx, MTOPT_STATUS_NOT_SUPPORTED,
-                        "%s: zero_stage 1 needs the %s backend's finish_stats hook, which "
-                        "it does not provide yet",
-                        fn, ctx->ops->name);
-#endif
 
   mtopt_status_t st = MTOPT_STATUS_SUCCESS;
   mtopt_dist_optimizer_t *d = calloc(1, sizeof *d);
@@ -756,8 +756,8 @@ mtopt_status_t mtopt_dist_optimizer_create(mtopt_comm_t *comm, mtopt_tensor_list
   d->world = comm->world;
   d->rank = comm->rank;
   d->inv_world = (float)(1.0 / (double)comm->world);
-  d->kind = config->kind;
-  d->nt = list->count;
+  d->config = cfg;
+  d->nt = mtopt__tensor_list_size(list);
   const size_t nt1 = (size_t)(d->nt > 0 ? d->nt : 1);
   d->goff = calloc(nt1, sizeof *d->goff);
   d->numel = calloc(nt1, sizeof *d->numel);
@@ -768,8 +768,8 @@ mtopt_status_t mtopt_dist_optimizer_create(mtopt_comm_t *comm, mtopt_tensor_list
     goto fail;
   }
   for (int64_t i = 0; i < d->nt; i++) {
-    d->numel[i] = list->items[i].desc.numel;
-    d->param[i] = list->items[i].desc.param;
+    d->numel[i] = mtopt__tensor_list_desc(list, i)->numel;
+    d->param[i] = mtopt__tensor_list_desc(list, i)->param;
   }
   d->nb = plan_buckets(d->numel, d->nt, comm->cfg.first_bucket_bytes, comm->cfg.bucket_bytes,
                        NULL);
@@ -788,12 +788,13 @@ mtopt_status_t mtopt_dist_optimizer_create(mtopt_comm_t *comm, mtopt_tensor_list
   }
 
   if (d->zero) {
-    CHECK_GOTO(build_zero1(d, config, fn), st, fail);
+    CHECK_GOTO(build_zero1(d, fn), st, fail);
   } else {
-    CHECK_GOTO(mtopt_optimizer_create(ctx, list, config, &d->opt), st, fail);
+    const mtopt__optimizer_options_t local = {0};
+    CHECK_GOTO(mtopt__optimizer_create(ctx, list, &cfg, &local, &d->opt), st, fail);
+    d->plan = mtopt__optimizer_plan(d->opt);
     build_zero0(d);
   }
-  d->plan = d->opt->plan;
   CHECK_GOTO(build_segments(d, fn), st, fail);
   d->req = malloc((size_t)(d->ns > 0 ? d->ns : 1) * sizeof *d->req);
   if (!d->req) {
@@ -801,12 +802,6 @@ mtopt_status_t mtopt_dist_optimizer_create(mtopt_comm_t *comm, mtopt_tensor_list
     goto fail;
   }
   for (int s = 0; s < d->ns; s++) d->req[s] = MPI_REQUEST_NULL;
-  d->use_stats = d->plan.use_stats;
-  if (d->zero && d->use_stats) {
-    CHECK_GOTO(ctx->ops->alloc(ctx, 2 * sizeof(double), (void **)&d->stats_sum), st, fail);
-    d->plan.defer_stats = 1;
-    d->plan.stats_sum = d->stats_sum;
-  }
   for (int s = 0; s < d->ns; s++) {
     const int k = d->seg[s].bucket;
     const int64_t cnt = d->zero ? d->b[k].slice : d->seg[s].numel;
@@ -824,7 +819,7 @@ mtopt_status_t mtopt_dist_optimizer_create(mtopt_comm_t *comm, mtopt_tensor_list
   /* Every rank reaches this point with the same arguments (or fails above on
    * every rank alike), so the check's collectives always match. */
   CHECK_GOTO(check_plan_across_ranks(d, fn), st, fail);
-  if (d->zero) list->users++; /* zero_stage 0: the inner optimizer froze it */
+  if (d->zero) mtopt__tensor_list_freeze(list); /* zero_stage 0: the inner optimizer did */
   comm->users++;
   *out = d;
   return MTOPT_STATUS_SUCCESS;
@@ -863,16 +858,15 @@ mtopt_status_t mtopt_dist_optimizer_destroy(mtopt_dist_optimizer_t *d) {
   }
 #endif
   d->comm->users--;
-  if (d->zero) d->list->users--;
+  if (d->zero) mtopt__tensor_list_unfreeze(d->list);
   if (pending) {
     /* The objects go; the buffers MPI may still write stay allocated. */
     mtopt_context_t *ctx = d->ctx;
     if (d->zero)
       d->gbuf = NULL;
     else
-      d->opt->dev_grads = NULL;
+      mtopt__optimizer_detach_grads(d->opt);
     d->shard = NULL;
-    d->stats_sum = NULL;
     dist_free(d);
     return mtopt__error(ctx, MTOPT_STATUS_COMM_ERROR,
                         "mtopt_dist_optimizer_destroy: %d collective%s never finished; their "
@@ -930,7 +924,7 @@ mtopt_status_t mtopt_dist_optimizer_get_grad_buffer(mtopt_dist_optimizer_t *d, v
 mtopt_status_t mtopt_dist_optimizer_zero_grad(mtopt_dist_optimizer_t *d) {
   CHECK(check_d(d, "mtopt_dist_optimizer_zero_grad"));
   if (!d->gbuf) return MTOPT_STATUS_SUCCESS;
-  return d->ctx->ops->zero_ordered(d->ctx, d->gbuf, (size_t)d->gbuf_numel * sizeof(float));
+  return mtopt__context_zero(d->ctx, d->gbuf, (size_t)d->gbuf_numel * sizeof(float));
 }
 
 mtopt_status_t mtopt_dist_get_bucket_count(const mtopt_dist_optimizer_t *d, int *count) {
@@ -987,8 +981,7 @@ static mtopt_status_t broken_error(mtopt_dist_optimizer_t *d, const char *fn) {
  * alone still steps correctly (e.g. to save a checkpoint). */
 static mtopt_status_t fail_step(mtopt_dist_optimizer_t *d, mtopt_status_t st) {
   d->broken = 1;
-  const uint32_t zero = 0;
-  d->ctx->ops->write_ordered(d->ctx, &d->plan.hyper->blocks_done, &zero, sizeof zero);
+  (void)mtopt__optimizer_reset_pass(d->opt);
   return st;
 }
 
@@ -1001,14 +994,14 @@ static mtopt_status_t run_range(mtopt_dist_optimizer_t *d, mtopt__pass_t pass, i
 #ifdef MTOPT_HAVE_NCCL
   if (d->comm->nccl) stream = mtopt__nccl_steps_stream(d->comm->nccl);
 #endif
-  return d->ctx->ops->run_pass(d->ctx, &d->plan, pass, c0, c1, stream);
+  return mtopt__optimizer_run_pass(d->opt, pass, c0, c1, stream);
 }
 
 /* A whole pass, on the context's stream; on an empty plan still one call,
  * which runs the pass's finalisation (the backends finalise when the counter
  * reaches num_chunks). */
 static mtopt_status_t run_all(mtopt_dist_optimizer_t *d, mtopt__pass_t pass) {
-  return d->ctx->ops->run_pass(d->ctx, &d->plan, pass, 0, d->plan.num_chunks, NULL);
+  return mtopt__optimizer_run_pass(d->opt, pass, 0, d->plan->num_chunks, NULL);
 }
 
 /* CPU: the average is the sum times 1/world, in float, after the reduction. */
@@ -1044,7 +1037,9 @@ static mtopt_status_t poke(mtopt_dist_optimizer_t *d, int s) {
 static mtopt_status_t after_reduce(mtopt_dist_optimizer_t *d, int s) {
   const segment_t *g = &d->seg[s];
   const bucket_t *b = &d->b[g->bucket];
-  const mtopt__pass_t pass = d->use_stats ? MTOPT__PASS_STATS : MTOPT__PASS_UPDATE;
+  mtopt__pass_t passes[MTOPT__MAX_PASSES];
+  mtopt__step_passes(d->plan, passes);
+  const mtopt__pass_t pass = passes[0]; /* the one that follows each bucket */
   if (d->comm->nccl) return run_range(d, pass, g->c0, g->c1);
   if (d->world > 1) {
     if (d->zero)
@@ -1052,7 +1047,7 @@ static mtopt_status_t after_reduce(mtopt_dist_optimizer_t *d, int s) {
     else
       scale(d->gbuf + g->offset, g->numel, d->inv_world);
   }
-  int64_t slice = mtopt__dist_slice_elems / d->plan.chunk_size;
+  int64_t slice = mtopt__dist_slice_elems / d->plan->chunk_size;
   if (slice < 1) slice = 1;
   for (int64_t c = g->c0; c < g->c1; c += slice) {
     CHECK(run_range(d, pass, c, c + slice < g->c1 ? c + slice : g->c1));
@@ -1149,15 +1144,15 @@ static mtopt_status_t zero1_stats(mtopt_dist_optimizer_t *d) {
   if (d->comm->nccl) {
     mtopt__nccl_t *n = d->comm->nccl;
     CHECK(mtopt__nccl_comm_wait_compute(n));
-    CHECK(mtopt__nccl_allreduce_sum_f64(n, d->stats_sum, 2));
+    CHECK(mtopt__nccl_allreduce_sum_f64(n, d->plan->stats_sum, 2));
     CHECK(mtopt__nccl_compute_wait_comm(n));
-    return ctx->ops->finish_stats(ctx, &d->plan);
+    return mtopt__optimizer_finish_stats(d->opt);
   }
 #endif
   double *all = malloc((size_t)d->world * 2 * sizeof *all);
   if (!all) return mtopt__error(ctx, MTOPT_STATUS_OUT_OF_MEMORY, "mtopt_dist_step: malloc failed");
   MPI_Request r;
-  int rc = MPI_Iallgather(d->stats_sum, 2, MPI_DOUBLE, all, 2, MPI_DOUBLE, d->comm->mpi, &r);
+  int rc = MPI_Iallgather(d->plan->stats_sum, 2, MPI_DOUBLE, all, 2, MPI_DOUBLE, d->comm->mpi, &r);
   if (rc != MPI_SUCCESS) {
     free(all);
     return mpi_fail(ctx, rc, "mtopt_dist_step: gradient norm");
@@ -1170,9 +1165,9 @@ static mtopt_status_t zero1_stats(mtopt_dist_optimizer_t *d) {
     bad += all[2 * q + 1];
   }
   free(all);
-  d->stats_sum[0] = sum;
-  d->stats_sum[1] = bad;
-  return ctx->ops->finish_stats(ctx, &d->plan);
+  d->plan->stats_sum[0] = sum;
+  d->plan->stats_sum[1] = bad;
+  return mtopt__optimizer_finish_stats(d->opt);
 }
 
 /* ZeRO-1: every rank's slice of the new weights to every rank. The gradient
@@ -1258,17 +1253,15 @@ static mtopt_status_t dist_step(mtopt_dist_optimizer_t *d) {
     CHECK(after_reduce(d, d->next_done));
     d->next_done++;
   }
-  if (d->use_stats) {
-    if (d->plan.num_chunks == 0) CHECK(run_all(d, MTOPT__PASS_STATS));
-    if (d->zero) CHECK(zero1_stats(d));
-    CHECK(run_all(d, MTOPT__PASS_UPDATE));
-  } else if (d->plan.num_chunks == 0) {
-    CHECK(run_all(d, MTOPT__PASS_UPDATE));
-  }
-  /* LAMB's second pass after the last bucket: the pass counter that elects
-   * the finaliser counts one pass at a time, so UPDATE and LAMB_APPLY ranges
-   * cannot interleave. */
-  if (d->kind == MTOPT_OPTIMIZER_LAMB) CHECK(run_all(d, MTOPT__PASS_LAMB_APPLY));
+  /* The first pass ran per segment as each landed (on an empty plan it runs
+   * once here, for its finalisation); the others run whole, after the ranks'
+   * statistics where the plan defers them. One pass at a time: the counter
+   * that elects a pass's finaliser cannot tell interleaved passes apart. */
+  mtopt__pass_t passes[MTOPT__MAX_PASSES];
+  const int np = mtopt__step_passes(d->plan, passes);
+  if (d->plan->num_chunks == 0) CHECK(run_all(d, passes[0]));
+  if (passes[0] == MTOPT__PASS_STATS && d->plan->defer_stats) CHECK(zero1_stats(d));
+  for (int i = 1; i < np; i++) CHECK(run_all(d, passes[i]));
   if (d->zero) CHECK(zero1_gather(d));
   return MTOPT_STATUS_SUCCESS;
 }

@@ -1,0 +1,79 @@
+/* The core's private definitions: the objects' fields, for the files of
+ * src/core only. Other layers use core/internal_api.h. Not installed. */
+#ifndef MTOPT_CORE_H
+#define MTOPT_CORE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "mtopt/mtopt.h"
+#include "../backend/backend.h"
+#include "../common/error.h"
+#include "../common/step_math.h"
+#include "internal_api.h"
+
+struct mtopt_context {
+  mtopt_backend_t backend;
+  int device;
+  int num_threads;
+  const mtopt__backend_ops_t *ops;
+  void *backend_state;  /* e.g. the CUDA stream and launch facts */
+  int64_t live_objects; /* tensor lists, optimizers, communicators not yet destroyed */
+  char last_error[MTOPT__ERRLEN];
+};
+
+typedef struct {
+  mtopt_tensor_desc_t desc;
+  char *name; /* owned copy of desc.name, or NULL */
+} mtopt__tensor_entry_t;
+
+struct mtopt_tensor_list {
+  mtopt_context_t *ctx;
+  mtopt__tensor_entry_t *items;
+  int64_t count, capacity;
+  mtopt__group_rec_t groups[MTOPT_MAX_GROUPS];
+  int64_t users; /* optimizers built from it: adding is refused while > 0 */
+};
+
+struct mtopt_optimizer {
+  mtopt_context_t *ctx;
+  mtopt_tensor_list_t *list; /* to unfreeze on destroy */
+  mtopt_optimizer_config_t config;
+  mtopt__hyper_t hyper_host; /* host mirror of the hyperparameters */
+  mtopt__plan_t plan;        /* pointers into dev_tables */
+  mtopt__tensor_rec_t *tensors_host;
+  int64_t total_numel;
+  int64_t state_bytes;
+  int num_state; /* state buffers per tensor */
+  /* Backend allocations, released on destroy. */
+  void *dev_tables; /* tensors, chunks, groups, hyper, slots, stats_sum */
+  void *dev_state;  /* the state slab */
+  void *dev_grads;  /* the contiguous gradient buffer, or NULL */
+  int64_t grad_buffer_numel;
+};
+
+/* The chunk table: tensors of numel[i] elements cut into chunks of at most
+ * chunk_size. Writes first_chunk/num_chunks per tensor and the chunk records
+ * (chunks may be NULL to only count). Returns the chunk count, or -1 if it
+ * would overflow. Pure, so tests can plan tensors of 2^31+ elements without
+ * allocating them. */
+MTOPT__HIDDEN int64_t mtopt__chunk_table(const int64_t *numel, int64_t n, int64_t chunk_size,
+                                         int64_t *first_chunk, int64_t *num_chunks,
+                                         mtopt__chunk_rec_t *chunks);
+
+/* The range checks of every scalar (core/hyperparams.c), shared by create,
+ * the setters and load. */
+MTOPT__HIDDEN mtopt_status_t mtopt__check_hyperparam(mtopt_context_t *ctx, const char *fn,
+                                                     mtopt_hyperparam_t which, double x);
+/* Refuses a config struct made for a newer major version (its api_version). */
+MTOPT__HIDDEN mtopt_status_t mtopt__check_api_version(mtopt_context_t *ctx, const char *fn,
+                                                      uint32_t api_version);
+/* The value checks of a config (struct size aside: mtopt__optimizer_config_read). */
+MTOPT__HIDDEN mtopt_status_t mtopt__check_config(mtopt_context_t *ctx, const char *fn,
+                                                 const mtopt_optimizer_config_t *c);
+MTOPT__HIDDEN void mtopt__init_hyper(mtopt__hyper_t *h, const mtopt_optimizer_config_t *c);
+MTOPT__HIDDEN mtopt_status_t mtopt__check_opt(const mtopt_optimizer_t *opt, const char *fn);
+MTOPT__HIDDEN int mtopt__uses_loss_scale(const mtopt_optimizer_config_t *c);
+MTOPT__HIDDEN int mtopt__is_adam_family(int kind);
+
+#endif /* MTOPT_CORE_H */

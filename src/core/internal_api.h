@@ -1,0 +1,99 @@
+/* The core's interface to the layer above it (src/dist) and to the tests:
+ * what another layer may do with a context, a tensor list and an optimizer
+ * without reading their fields. Exported from libmtopt as MTOPT__INTERNAL
+ * (common/error.h says why); not installed, not API. */
+#ifndef MTOPT_CORE_INTERNAL_API_H
+#define MTOPT_CORE_INTERNAL_API_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "mtopt/mtopt.h"
+#include "../common/error.h"
+#include "../common/plan.h"
+
+/* ---- context ---- */
+
+/* The CUDA device ordinal of the context (config.device). */
+MTOPT__INTERNAL int mtopt__context_device(const mtopt_context_t *ctx);
+/* Backend memory: zeroed, 256-byte aligned; released with _free. */
+MTOPT__INTERNAL mtopt_status_t mtopt__context_alloc(mtopt_context_t *ctx, size_t bytes,
+                                                    void **out);
+MTOPT__INTERNAL void mtopt__context_free(mtopt_context_t *ctx, void *ptr);
+/* Zeroes backend memory in stream order. */
+MTOPT__INTERNAL mtopt_status_t mtopt__context_zero(mtopt_context_t *ctx, void *dst,
+                                                   size_t bytes);
+/* Objects made from the context (the communicator counts as one): the context
+ * refuses to be destroyed while any is alive. */
+MTOPT__INTERNAL void mtopt__context_hold(mtopt_context_t *ctx);
+MTOPT__INTERNAL void mtopt__context_unhold(mtopt_context_t *ctx);
+
+/* ---- tensor list ---- */
+
+MTOPT__INTERNAL mtopt_context_t *mtopt__tensor_list_context(const mtopt_tensor_list_t *list);
+MTOPT__INTERNAL int64_t mtopt__tensor_list_size(const mtopt_tensor_list_t *list);
+/* Tensor i's descriptor as added (its name is the list's own copy). */
+MTOPT__INTERNAL const mtopt_tensor_desc_t *mtopt__tensor_list_desc(const mtopt_tensor_list_t *list,
+                                                                   int64_t i);
+/* Whether an optimizer was built from it (it is then frozen). */
+MTOPT__INTERNAL int mtopt__tensor_list_in_use(const mtopt_tensor_list_t *list);
+/* Freezes the list for an object other than an optimizer (the ZeRO-1
+ * distributed optimizer, which steps copies of its tensors); _unfreeze undoes
+ * one _freeze. */
+MTOPT__INTERNAL void mtopt__tensor_list_freeze(mtopt_tensor_list_t *list);
+MTOPT__INTERNAL void mtopt__tensor_list_unfreeze(mtopt_tensor_list_t *list);
+/* Gives dst (not yet frozen) the group multipliers of src. */
+MTOPT__INTERNAL void mtopt__tensor_list_copy_groups(mtopt_tensor_list_t *dst,
+                                                    const mtopt_tensor_list_t *src);
+
+/* ---- optimizer ---- */
+
+/* The one check of an optimizer config's struct_size and kind, for every
+ * call that takes one; out receives the config at this library's size. */
+MTOPT__INTERNAL mtopt_status_t mtopt__optimizer_config_read(mtopt_context_t *ctx, const char *fn,
+                                                            const mtopt_optimizer_config_t *in,
+                                                            mtopt_optimizer_config_t *out);
+
+/* How another layer builds an optimizer. */
+typedef struct {
+  /* The plan defers the end of the statistics pass (mtopt__plan_t.defer_stats):
+   * the caller sums stats_sum over ranks, then calls
+   * mtopt__optimizer_finish_stats. mtopt_optimizer_step on such an optimizer
+   * finishes its statistics locally. */
+  int defer_stats;
+} mtopt__optimizer_options_t;
+
+MTOPT__INTERNAL mtopt_status_t mtopt__optimizer_create(mtopt_context_t *ctx,
+                                                       mtopt_tensor_list_t *list,
+                                                       const mtopt_optimizer_config_t *config,
+                                                       const mtopt__optimizer_options_t *options,
+                                                       mtopt_optimizer_t **out);
+MTOPT__INTERNAL mtopt_context_t *mtopt__optimizer_context(const mtopt_optimizer_t *opt);
+/* The plan, as built at create (host copy of the struct; its pointers are
+ * backend memory). */
+MTOPT__INTERNAL const mtopt__plan_t *mtopt__optimizer_plan(const mtopt_optimizer_t *opt);
+/* Tensor i's record (host copy; w, g, s0, s1 are backend addresses). */
+MTOPT__INTERNAL const mtopt__tensor_rec_t *mtopt__optimizer_tensor(const mtopt_optimizer_t *opt,
+                                                                   int64_t i);
+/* One pass over chunks [c0, c1) (backend.h's run_pass). */
+MTOPT__INTERNAL mtopt_status_t mtopt__optimizer_run_pass(mtopt_optimizer_t *opt,
+                                                         mtopt__pass_t pass, int64_t c0,
+                                                         int64_t c1, void *const *stream);
+/* The deferred end of the statistics pass, in stream order, from
+ * plan->stats_sum. */
+MTOPT__INTERNAL mtopt_status_t mtopt__optimizer_finish_stats(mtopt_optimizer_t *opt);
+/* After a step that failed part-way (a collective between passes): resets the
+ * pass counter in stream order, so that later passes count from zero. */
+MTOPT__INTERNAL mtopt_status_t mtopt__optimizer_reset_pass(mtopt_optimizer_t *opt);
+/* Gives up the gradient buffer: destroy then leaves it allocated (for memory
+ * that a collective which never finished may still write). */
+MTOPT__INTERNAL void mtopt__optimizer_detach_grads(mtopt_optimizer_t *opt);
+
+/* Layout rule of the state slab and of every gradient buffer: a tensor's
+ * state (and gradient view) has the same address residue mod 16 bytes as its
+ * weights, so that one vector path covers w, g and state. Returns the padded
+ * offset, in floats, for a tensor starting at or after `offset` whose
+ * weights are at `w`. */
+MTOPT__INTERNAL int64_t mtopt__aligned_offset(int64_t offset, const void *w);
+
+#endif /* MTOPT_CORE_INTERNAL_API_H */
