@@ -1,6 +1,8 @@
-/* The chunk planner (mtopt__chunk_table) and the state alignment helper
+/* The chunk table (mtopt__chunk_table) and the state alignment helper
  * (mtopt__aligned_offset), on random tensor lists and on tensors of 2^31+
- * elements that are planned without being allocated. */
+ * elements that are planned without being allocated; and get_info's traffic
+ * figures against the table users read in docs/optimizers.md. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -205,6 +207,94 @@ START_TEST(test_info_counts) {
 }
 END_TEST
 
+/* docs/optimizers.md's table of bytes per parameter and launches per step is
+ * the users' copy of what get_info counts: read the table and check every row
+ * against optimizers of each configuration, with and without statistics. */
+typedef struct {
+  const char *row; /* the table row's first cell */
+  mtopt_optimizer_kind_t kind;
+  float momentum;
+} docs_row_t;
+
+/* The number that opens a table cell: "28 (read ...)" or "+ 4 (...)". */
+static int cell_int(const char *cell, int *out) {
+  while (*cell == ' ' || *cell == '+') cell++;
+  char *end = NULL;
+  const long v = strtol(cell, &end, 10);
+  if (end == cell) return 0;
+  *out = (int)v;
+  return 1;
+}
+
+/* The numbers that open the 2nd and 3rd cells of the row whose first cell is
+ * `name` ("| AdamW, Adam | 28 (read ...) | 1 | update |"). */
+static void docs_row(const char *text, const char *name, int *bytes, int *launches) {
+  char key[96];
+  snprintf(key, sizeof key, "| %s |", name);
+  const char *at = strstr(text, key);
+  ck_assert_msg(at != NULL, "docs/optimizers.md has no table row '%s'", name);
+  at += strlen(key);
+  const char *cell3 = strchr(at, '|');
+  ck_assert_msg(cell3 && cell_int(at, bytes) && cell_int(cell3 + 1, launches),
+                "docs/optimizers.md row '%s': no byte or launch count", name);
+}
+
+static char *read_docs(const char *name) {
+  const char *d = getenv("MTOPT_TEST_DATA"); /* tests/data */
+  ck_assert_msg(d && d[0], "MTOPT_TEST_DATA is not set (tests/CMakeLists.txt sets it)");
+  char path[4096];
+  snprintf(path, sizeof path, "%s/../../docs/%s", d, name);
+  FILE *f = fopen(path, "rb");
+  ck_assert_msg(f != NULL, "cannot open %s", path);
+  char *buf = calloc(1, 1 << 20);
+  const size_t n = fread(buf, 1, (1 << 20) - 1, f);
+  fclose(f);
+  ck_assert_int_gt((int64_t)n, 0);
+  return buf;
+}
+
+START_TEST(test_docs_traffic_table) {
+  static const docs_row_t rows[] = {
+      {"AdamW, Adam", MTOPT_OPTIMIZER_ADAMW, 0.0f}, {"AdamW, Adam", MTOPT_OPTIMIZER_ADAM, 0.0f},
+      {"SGD with momentum", MTOPT_OPTIMIZER_SGD, 0.9f},
+      {"SGD without momentum", MTOPT_OPTIMIZER_SGD, 0.0f}, {"LAMB", MTOPT_OPTIMIZER_LAMB, 0.0f}};
+  char *docs = read_docs("optimizers.md");
+  int stats_bytes = 0, stats_launches = 0;
+  docs_row(docs, "any, with statistics", &stats_bytes, &stats_launches);
+  ck_assert_int_gt(stats_bytes, 0);
+  ck_assert_int_gt(stats_launches, 0);
+  mtopt_context_t *ctx = tu_cpu_context();
+  float w[7] = {0.5f, -1.0f, 2.0f, 0.25f, 3.0f, -0.5f, 1.5f};
+  for (size_t r = 0; r < sizeof rows / sizeof rows[0]; r++) {
+    int bytes = 0, launches = 0;
+    docs_row(docs, rows[r].row, &bytes, &launches);
+    for (int stats = 0; stats < 2; stats++) {
+      mtopt_tensor_list_t *list = NULL;
+      TU_OK(mtopt_tensor_list_create(ctx, &list));
+      TU_OK(mtopt_tensor_list_add_f32(list, w, NULL, 7, 0, NULL));
+      mtopt_optimizer_config_t c = MTOPT_OPTIMIZER_CONFIG_INIT;
+      c.kind = rows[r].kind;
+      c.momentum = rows[r].momentum;
+      c.max_grad_norm = stats ? 1.0f : 0.0f;
+      mtopt_optimizer_t *opt = NULL;
+      TU_OK(mtopt_optimizer_create(ctx, list, &c, &opt));
+      mtopt_optimizer_info_t info = MTOPT_OPTIMIZER_INFO_INIT;
+      TU_OK(mtopt_optimizer_get_info(opt, &info));
+      ck_assert_msg(info.bytes_per_param == bytes + stats * stats_bytes &&
+                        info.launches_per_step == launches + stats * stats_launches,
+                    "docs row '%s'%s: %d B, %d launches; get_info: %d B, %d launches",
+                    rows[r].row, stats ? " with statistics" : "", bytes + stats * stats_bytes,
+                    launches + stats * stats_launches, info.bytes_per_param,
+                    info.launches_per_step);
+      TU_OK(mtopt_optimizer_destroy(opt));
+      TU_OK(mtopt_tensor_list_destroy(list));
+    }
+  }
+  TU_OK(mtopt_context_destroy(ctx));
+  free(docs);
+}
+END_TEST
+
 Suite *plan_suite(void) {
   Suite *s = suite_create("plan");
   TCase *tc = tcase_create("planner");
@@ -215,6 +305,7 @@ Suite *plan_suite(void) {
   tcase_add_test(tc, test_overflow_and_bad_args);
   tcase_add_test(tc, test_aligned_offset);
   tcase_add_loop_test(tc, test_info_counts, 0, 8);
+  tcase_add_test(tc, test_docs_traffic_table);
   suite_add_tcase(s, tc);
   return s;
 }

@@ -255,11 +255,16 @@ typedef struct {
  * grad == NULL (zeroed), and the hyperparameter block, all in the context's
  * memory. Freezes the list. Cost O(n log n) in the tensor count, once.
  * Errors: INVALID_ARGUMENT (config out of range, overlapping tensors, list of
- * another context), NOT_SUPPORTED, OUT_OF_MEMORY, CUDA_ERROR. */
+ * another context), INVALID_USAGE (the list already serves an optimizer),
+ * NOT_SUPPORTED (a config of a newer major version), OUT_OF_MEMORY,
+ * CUDA_ERROR. */
 MTOPT_API mtopt_status_t mtopt_optimizer_create(mtopt_context_t *ctx,
                                                 mtopt_tensor_list_t *list,
                                                 const mtopt_optimizer_config_t *config,
                                                 mtopt_optimizer_t **out);
+/* Waits for the optimizer's steps in flight, then frees it whatever the wait
+ * returned: a non-SUCCESS status (CUDA_ERROR) reports a failure of that earlier
+ * work, and the handle is invalid either way. NULL is a no-op. */
 MTOPT_API mtopt_status_t mtopt_optimizer_destroy(mtopt_optimizer_t *opt);
 
 /* Applies one step to every tensor: (optionally) unscale, non-finite check,
@@ -314,12 +319,16 @@ MTOPT_API mtopt_status_t mtopt_optimizer_read_state(mtopt_optimizer_t *opt,
  * optimizer's contiguous buffer for tensors added with grad == NULL. */
 MTOPT_API mtopt_status_t mtopt_optimizer_get_grad(mtopt_optimizer_t *opt,
                                                   int64_t tensor, void **ptr);
-/* The contiguous gradient buffer (NULL and 0 when no tensor uses it). Its
- * length counts the padding that keeps each view 16-byte aligned. */
+/* The contiguous gradient buffer (NULL and 0 when no tensor uses it). Each
+ * view has its parameter's address residue mod 16 bytes (so it is 16-byte
+ * aligned exactly when the parameter is); the length counts that padding, at
+ * most 3 elements per tensor. */
 MTOPT_API mtopt_status_t mtopt_optimizer_get_grad_buffer(mtopt_optimizer_t *opt,
                                                          void **ptr,
                                                          int64_t *numel);
-/* Zeroes the contiguous gradient buffer (stream-ordered on CUDA). */
+/* Zeroes every gradient the step reads: the contiguous gradient buffer and
+ * each gradient the user registered with its own pointer (stream-ordered on
+ * CUDA; one operation for the buffer, one per user gradient). */
 MTOPT_API mtopt_status_t mtopt_optimizer_zero_grad(mtopt_optimizer_t *opt);
 
 /* Checkpoints. save writes the parameters, every state buffer and the step
