@@ -145,6 +145,10 @@ START_TEST(test_context_create) {
   cc.struct_size = (size_t)1 << 40;
   FAILS(BAD, "struct_size", NULL, mtopt_context_create(&cc, &out));
   cc.struct_size = sizeof cc;
+  /* A config made for a newer major version is refused; an older one is read. */
+  cc.api_version = (MTOPT_VERSION_MAJOR + 1) * 10000u;
+  FAILS(MTOPT_STATUS_NOT_SUPPORTED, "api_version", NULL, mtopt_context_create(&cc, &out));
+  cc.api_version = MTOPT_VERSION_CODE;
   cc.backend = (mtopt_backend_t)7;
   FAILS(BAD, "backend", NULL, mtopt_context_create(&cc, &out));
   cc.backend = MTOPT_BACKEND_CPU;
@@ -333,6 +337,12 @@ START_TEST(test_list_in_use) {
   ck_assert_int_eq(idx, -1);
   ck_assert(l->groups[1].lr_mult == 1.0f);
   TU_OK(mtopt_optimizer_step(opt)); /* still usable */
+  /* A second optimizer over the same weights would step them twice. */
+  mtopt_optimizer_t *const sentinel = (mtopt_optimizer_t *)(uintptr_t)0x77;
+  mtopt_optimizer_t *second = sentinel;
+  FAILS(USAGE, "already used by an optimizer", ctx, mtopt_optimizer_create(ctx, l, &c, &second));
+  ck_assert_ptr_eq(second, sentinel);
+  ck_assert_int_eq(l->users, 1);
   TU_OK(mtopt_optimizer_destroy(opt));
   TU_OK(mtopt_tensor_list_add_f32(l, extra, NULL, 4, 0, &idx));
   ck_assert_int_eq(idx, NT);
@@ -372,6 +382,14 @@ START_TEST(test_optimizer_create_args) {
   FAILS(BAD, "out", ctx, mtopt_optimizer_create(ctx, l, &base, NULL));
   ck_assert_ptr_null(out);
 
+  {
+    mtopt_optimizer_config_t newer = base;
+    newer.api_version = (MTOPT_VERSION_MAJOR + 1) * 10000u + 3u;
+    FAILS(MTOPT_STATUS_NOT_SUPPORTED, "api_version", ctx,
+          mtopt_optimizer_create(ctx, l, &newer, &out));
+    ck_assert_ptr_null(out);
+    ck_assert_int_eq(l->users, 0);
+  }
   CONFIG_FAILS(struct_size, 0, "struct_size");
   CONFIG_FAILS(struct_size, 16, "struct_size");
   CONFIG_FAILS(struct_size, 1u << 20, "struct_size");
