@@ -1,0 +1,179 @@
+/* Internal header of mtopt_bench (step_bench.c): the options, the result
+ * rows, the modes and the backend the benchmark runs on.
+ *
+ *   step_bench.c    options, main: the loop over shapes, rounds and modes
+ *   bench_modes.c   one function per mode (flat, fused, loop, ...), the check
+ *   bench_mem.c     patterns, layouts, fills, hashing, timing, sample pools
+ *   bench_report.c  figures of a row, text, CSV and JSON output
+ *   bench_cpu.c     the CPU backend (bench_backend_cpu)
+ *   bench_cuda.c    the CUDA backend (bench_backend_cuda), built with CUDA
+ *
+ * Nothing here is CUDA: what differs between the CPU and CUDA runs lives
+ * behind bench_backend_t, one file per backend. */
+#ifndef MTOPT_BENCH_H
+#define MTOPT_BENCH_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "mtopt/mtopt.h"
+#include "shapes.h"
+
+/* Values come from two fixed random patterns (weights, gradients) of an odd
+ * length, read as one stream over the tensors in registration order, so that
+ * every layout (pooled, flat) holds the same values per tensor: that is what
+ * makes the bit-for-bit check between modes possible. */
+#define PATTERN_N ((int64_t)(1 << 22) + 15)
+
+/* The modes, in the order they run for each shape (flat first, so every
+ * later row can print its fraction of the floor). */
+enum {
+  M_FLAT,
+  M_FUSED,
+  M_LOOP,
+  M_MIXED,
+  M_GRAPH,
+  M_GRAPH_MIXED,
+  M_MEMCPY,
+  M_COUNT
+};
+const char *bench_mode_name(int mode); /* as --modes spells it */
+
+typedef struct {
+  int cuda, device, threads;
+  char **shapes;
+  int nshapes;
+  mtopt_optimizer_kind_t kind;
+  int iters, warmup, loop_iters, check, graph, repeat;
+  int modes[M_COUNT];
+  const char *json, *csv;
+  int64_t chunk_size;
+} opts_t;
+
+typedef struct {
+  char shape[256];
+  const char *mode;
+  int64_t tensors, params, launches;
+  int bpp, iters, k;
+  double ms, host_us, gbps, frac;
+  const char *check; /* "ok", "ref", "FAIL", "-" */
+  int64_t skipped;   /* mixed modes: steps skipped (must be 0) */
+  int ok;
+  char note[512];
+  /* Samples pooled over --repeat rounds; ms and host_us are their medians. */
+  double *samples, *host_samples;
+  int nsamples, nhost;
+} row_t;
+
+#define NOTE(row, ...) snprintf((row)->note, sizeof (row)->note, __VA_ARGS__)
+
+typedef struct {
+  int64_t *off; /* start of each tensor in the buffer, in floats */
+  int64_t len;  /* buffer length in floats */
+} layout_t;
+
+typedef struct bench_backend bench_backend_t;
+
+typedef struct {
+  const opts_t *o;
+  const bench_backend_t *be;
+  mtopt_context_t *ctx;
+  float *pat[2]; /* host patterns: weights, gradients */
+  int nthreads;  /* effective CPU threads */
+  void *dev;     /* the backend's own state (CUDA: stream, patterns, staging) */
+} bench_t;
+
+/* What one timed step does: a mode's step function and what it works on. */
+typedef struct stepper stepper_t;
+struct stepper {
+  int (*step)(bench_t *b, stepper_t *sp, row_t *row);
+  mtopt_optimizer_t **opts;
+  int64_t nopt;
+  void *src, *dst; /* memcpy */
+  size_t bytes;
+  void *graph; /* graph modes: the backend's captured step */
+};
+
+/* What differs between a CPU and a CUDA run. Every call that can fail
+ * returns 0 or -1 and, on failure, writes the reason to row->note; "the
+ * stream" is the bench's (CUDA: a non-blocking stream set on the context). */
+struct bench_backend {
+  const char *name; /* as --backend spells it */
+  mtopt_backend_t backend;
+  /* After the context is made and the host patterns filled; prints its own
+   * errors. teardown runs after the context is destroyed. */
+  int (*setup)(bench_t *b);
+  void (*teardown)(bench_t *b);
+  void (*device_name)(const bench_t *b, char *out, size_t n);
+  void *(*alloc)(bench_t *b, size_t bytes, row_t *row);
+  void (*release)(bench_t *b, void *p);
+  /* Copies len values of pattern `which` from position k to dst, maybe
+   * queued; fill_wait waits for the queued copies. */
+  int (*put)(bench_t *b, float *dst, int which, int64_t k, int64_t len, row_t *row);
+  int (*fill_wait)(bench_t *b, row_t *row);
+  /* Per-tensor hashes (bench_hash_range) of the weights in a layout. */
+  int (*hash)(bench_t *b, const float *buf, const bench_shape_t *s, const layout_t *L,
+              uint64_t *out, row_t *row);
+  int (*sync)(bench_t *b, row_t *row);
+  /* memcpy mode: fill the two buffers, then copy src to dst once a step. */
+  int (*copy_prepare)(bench_t *b, stepper_t *sp, row_t *row);
+  int (*copy_step)(bench_t *b, stepper_t *sp, row_t *row);
+  /* iters timed samples of sp's step into row->samples (ms, pooled) and
+   * row->k; x is scratch room for iters values. */
+  int (*time)(bench_t *b, stepper_t *sp, int iters, double *x, row_t *row);
+  /* Graph modes (NULL where the backend has none): capture one step of opt
+   * into *graph; *eager is set when a step had to run first. */
+  int (*graph_capture)(bench_t *b, mtopt_optimizer_t *opt, void **graph, int *eager,
+                       row_t *row);
+  int (*graph_launch)(bench_t *b, void *graph, row_t *row);
+  void (*graph_destroy)(void *graph);
+  /* Clears a sticky error, so that a failed mode does not poison the next. */
+  void (*clear_error)(bench_t *b);
+};
+
+extern const bench_backend_t bench_backend_cpu;
+extern const bench_backend_t bench_backend_cuda; /* only in CUDA builds */
+
+/* Per shape: the reference of the check, shared by its modes. */
+typedef struct {
+  uint64_t *hash;   /* reference per-tensor hashes */
+  const char *from; /* the mode that produced them, or NULL */
+  int bpp;          /* bytes per param of the plain step, for memcpy */
+} shape_state_t;
+
+/* bench_modes.c: one round of one mode: allocate, fill, build, (round 0:
+ * check), time, free. Later rounds add samples to the same row. */
+void bench_run_mode(bench_t *b, const bench_shape_t *s, int mode, shape_state_t *ss,
+                    row_t *row, int round);
+
+/* bench_mem.c */
+double bench_now_s(void);
+double bench_median(double *x, int n);
+int bench_pool(double **dst, int *nd, const double *x, int n, row_t *row);
+int bench_patterns_make(float *pat[2]);
+uint64_t bench_hash_range(const float *x, int64_t n, int64_t base);
+int bench_layout_make(const bench_shape_t *s, int pooled, layout_t *L);
+float *bench_alloc(bench_t *b, int64_t n, row_t *row);
+void bench_free(bench_t *b, void *p);
+int bench_fill(bench_t *b, float *buf, const bench_shape_t *s, const layout_t *L, int which,
+               row_t *row);
+int bench_time_steps(bench_t *b, stepper_t *sp, int warmup, int iters, row_t *row);
+
+/* bench_report.c */
+typedef struct {
+  char date[64], commit[128], device[256];
+  char load_start[64], load_end[64]; /* /proc/loadavg: how busy the host was */
+} meta_t;
+
+void bench_meta_start(const bench_t *b, meta_t *m);
+void bench_meta_end(meta_t *m);
+void bench_row_finish(row_t *row, double flat_ms);
+void bench_print_header(const opts_t *o, const meta_t *m, int nthreads);
+void bench_print_row(const row_t *r);
+void bench_print_footer(const meta_t *m, int nrows, int failures);
+int bench_write_json(const opts_t *o, const meta_t *m, int nthreads, const row_t *rows,
+                     int nrows);
+int bench_write_csv(const opts_t *o, const row_t *rows, int nrows);
+
+#endif /* MTOPT_BENCH_H */

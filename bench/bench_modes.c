@@ -1,0 +1,323 @@
+/* mtopt_bench's modes, one function each (step_bench.c's header comment says
+ * what each measures), and the bit-for-bit check between them. */
+#define _GNU_SOURCE
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bench.h"
+
+/* A mode: its name, its function and, for the pooled ones, the variant. */
+typedef struct bench_mode bench_mode_t;
+struct bench_mode {
+  const char *name;
+  void (*run)(bench_t *b, const bench_mode_t *m, const bench_shape_t *s,
+              shape_state_t *ss, row_t *row, int round);
+  int mixed; /* loss scale and clipping; checked for skipped steps instead */
+  int graph; /* one step captured in a CUDA graph, replayed */
+};
+
+/* ---------------------------------------------------------------- steps -- */
+
+static int step_optimizers(bench_t *b, stepper_t *sp, row_t *row) {
+  for (int64_t i = 0; i < sp->nopt; i++) {
+    const mtopt_status_t st = mtopt_optimizer_step(sp->opts[i]);
+    if (st != MTOPT_STATUS_SUCCESS) {
+      NOTE(row, "mtopt_optimizer_step -> %s: %s", mtopt_status_name(st), mtopt_last_error());
+      return -1;
+    }
+  }
+  return 0;
+}
+
+static int step_graph(bench_t *b, stepper_t *sp, row_t *row) {
+  return b->be->graph_launch(b, sp->graph, row);
+}
+
+static int step_copy(bench_t *b, stepper_t *sp, row_t *row) {
+  return b->be->copy_step(b, sp, row);
+}
+
+/* ------------------------------------------------- one optimizer's run -- */
+
+/* What a mode that steps optimizers holds while it runs. */
+typedef struct {
+  layout_t L;
+  float *w, *g;
+  mtopt_tensor_list_t **lists;
+  mtopt_optimizer_t **opts;
+  int64_t nopt;
+  uint64_t *h; /* per-tensor hashes for the check */
+  stepper_t sp;
+} run_t;
+
+static mtopt_optimizer_config_t make_config(const opts_t *o, int mixed) {
+  mtopt_optimizer_config_t c = MTOPT_OPTIMIZER_CONFIG_INIT;
+  c.kind = o->kind;
+  c.chunk_size = o->chunk_size;
+  if (o->kind == MTOPT_OPTIMIZER_SGD) {
+    c.lr = 1e-2f;
+    c.momentum = 0.9f; /* the common case, and a state buffer to move */
+  }
+  if (mixed) {
+    c.max_grad_norm = 1.0f;
+    c.loss_scale = 65536.0f; /* GradScaler's initial scale */
+    c.dynamic_loss_scale = 1;
+  }
+  return c;
+}
+
+/* One optimizer over tensors [t0, t1) of the layout. */
+static mtopt_status_t make_opt(bench_t *b, const bench_shape_t *s, const layout_t *L, float *w,
+                               float *g, int64_t t0, int64_t t1,
+                               const mtopt_optimizer_config_t *cfg, mtopt_tensor_list_t **list,
+                               mtopt_optimizer_t **opt) {
+  mtopt_status_t st = mtopt_tensor_list_create(b->ctx, list);
+  for (int64_t t = t0; t < t1 && st == MTOPT_STATUS_SUCCESS; t++)
+    st = mtopt_tensor_list_add_f32(*list, w + L->off[t], g + L->off[t], s->numel[t], 0u, NULL);
+  if (st == MTOPT_STATUS_SUCCESS) st = mtopt_optimizer_create(b->ctx, *list, cfg, opt);
+  return st;
+}
+
+/* Weights and gradients of the shape in its layout (pooled: tensors on
+ * aligned starts; else back to back), filled from the patterns, and room
+ * for nopt optimizers. */
+static int run_alloc(bench_t *b, const bench_shape_t *s, int pooled, int64_t nopt, run_t *r,
+                     row_t *row) {
+  r->sp.step = step_optimizers;
+  if (bench_layout_make(s, pooled, &r->L)) {
+    NOTE(row, "out of host memory");
+    return -1;
+  }
+  r->w = bench_alloc(b, r->L.len, row);
+  if (r->w) r->g = bench_alloc(b, r->L.len, row);
+  if (!r->g) return -1;
+  if (bench_fill(b, r->w, s, &r->L, 0, row) || bench_fill(b, r->g, s, &r->L, 1, row)) return -1;
+  r->nopt = nopt;
+  r->lists = calloc((size_t)nopt, sizeof *r->lists);
+  r->opts = calloc((size_t)nopt, sizeof *r->opts);
+  r->h = malloc((size_t)s->n * sizeof *r->h);
+  if (!r->lists || !r->opts || !r->h) {
+    NOTE(row, "out of host memory");
+    return -1;
+  }
+  return 0;
+}
+
+/* Optimizer i over tensors [i per, (i + 1) per) of shape v in layout VL (v
+ * and VL may view the buffers as other tensors than the shape's); the row's
+ * bytes per parameter and launches from mtopt_optimizer_get_info. */
+static int run_build(bench_t *b, run_t *r, const bench_shape_t *v, const layout_t *VL,
+                     int64_t per, int mixed, shape_state_t *ss, row_t *row) {
+  const mtopt_optimizer_config_t cfg = make_config(b->o, mixed);
+  for (int64_t i = 0; i < r->nopt; i++) {
+    const mtopt_status_t st =
+        make_opt(b, v, VL, r->w, r->g, i * per, (i + 1) * per, &cfg, &r->lists[i], &r->opts[i]);
+    if (st != MTOPT_STATUS_SUCCESS) {
+      NOTE(row, "building the optimizer -> %s: %s", mtopt_status_name(st), mtopt_last_error());
+      return -1;
+    }
+  }
+  r->sp.opts = r->opts;
+  r->sp.nopt = r->nopt;
+
+  mtopt_optimizer_info_t info = MTOPT_OPTIMIZER_INFO_INIT;
+  const mtopt_status_t st = mtopt_optimizer_get_info(r->opts[0], &info);
+  if (st != MTOPT_STATUS_SUCCESS) {
+    NOTE(row, "mtopt_optimizer_get_info -> %s: %s", mtopt_status_name(st), mtopt_last_error());
+    return -1;
+  }
+  row->bpp = info.bytes_per_param;
+  row->launches = (int64_t)info.launches_per_step * r->nopt;
+  if (!mixed) ss->bpp = info.bytes_per_param;
+  return 0;
+}
+
+static void run_free(bench_t *b, run_t *r) {
+  if (r->sp.graph) b->be->graph_destroy(r->sp.graph);
+  for (int64_t i = 0; r->opts && i < r->nopt; i++) mtopt_optimizer_destroy(r->opts[i]);
+  for (int64_t i = 0; r->lists && i < r->nopt; i++) mtopt_tensor_list_destroy(r->lists[i]);
+  free(r->opts);
+  free(r->lists);
+  free(r->h);
+  bench_free(b, r->w);
+  bench_free(b, r->g);
+  free(r->L.off);
+}
+
+/* ---------------------------------------------------------------- check -- */
+
+static int compare_to_ref(shape_state_t *ss, const uint64_t *h, const bench_shape_t *s,
+                          row_t *row) {
+  if (!ss->from) {
+    memcpy(ss->hash, h, (size_t)s->n * sizeof *h);
+    ss->from = row->mode;
+    row->check = "ref";
+    return 0;
+  }
+  for (int64_t t = 0; t < s->n; t++) {
+    if (h[t] != ss->hash[t]) {
+      row->check = "FAIL";
+      NOTE(row, "weights after one step differ from %s's, first at tensor %lld", ss->from,
+           (long long)t);
+      return -1;
+    }
+  }
+  row->check = "ok";
+  return 0;
+}
+
+/* With --check, in round 0: one step from the random start, its weights
+ * against the reference (or made the reference). */
+static int run_check(bench_t *b, const bench_shape_t *s, run_t *r, shape_state_t *ss,
+                     row_t *row, int round) {
+  if (round > 0 || !b->o->check) return 0;
+  if (r->sp.step(b, &r->sp, row) || b->be->sync(b, row)) return -1;
+  if (b->be->hash(b, r->w, s, &r->L, r->h, row)) return -1;
+  return compare_to_ref(ss, r->h, s, row);
+}
+
+/* Mixed modes: the gradients are finite, so no step may have been skipped. */
+static int run_check_skipped(bench_t *b, run_t *r, row_t *row) {
+  mtopt_step_info_t si = MTOPT_STEP_INFO_INIT;
+  const mtopt_status_t st = mtopt_optimizer_get_step_info(r->opts[0], &si);
+  if (st != MTOPT_STATUS_SUCCESS) {
+    NOTE(row, "mtopt_optimizer_get_step_info -> %s: %s", mtopt_status_name(st),
+         mtopt_last_error());
+    return -1;
+  }
+  row->skipped = row->skipped > 0 ? row->skipped + si.skipped_steps : si.skipped_steps;
+  if (si.skipped_steps != 0 || !isfinite(si.last_grad_norm)) {
+    row->check = "FAIL";
+    NOTE(row, "%lld steps skipped, last grad norm %g: the gradients are finite, none "
+              "should be", (long long)si.skipped_steps, (double)si.last_grad_norm);
+    return -1;
+  }
+  if (b->o->check) row->check = "ok";
+  return 0;
+}
+
+/* ---------------------------------------------------------------- modes -- */
+
+/* flat: one optimizer over one tensor of the total element count, back to
+ * back in one buffer. LAMB's trust ratio is per tensor, so flat computes
+ * other values there: no check. */
+static void run_flat(bench_t *b, const bench_mode_t *m, const bench_shape_t *s,
+                     shape_state_t *ss, row_t *row, int round) {
+  int64_t n1 = s->total, off0 = 0;
+  const bench_shape_t one = {.n = 1, .numel = &n1, .total = s->total};
+  const layout_t L1 = {&off0, s->total};
+  run_t r = {0};
+  if (run_alloc(b, s, 0, 1, &r, row) || run_build(b, &r, &one, &L1, 1, 0, ss, row)) goto done;
+  if (b->o->kind != MTOPT_OPTIMIZER_LAMB) {
+    if (run_check(b, s, &r, ss, row, round)) goto done;
+  } else if (round == 0 && b->o->check) {
+    row->check = "n/a";
+  }
+  if (bench_time_steps(b, &r.sp, b->o->warmup, b->o->iters, row)) goto done;
+  row->ok = 1;
+done:
+  run_free(b, &r);
+}
+
+/* loop: one optimizer per tensor, one step call each. */
+static void run_loop(bench_t *b, const bench_mode_t *m, const bench_shape_t *s,
+                     shape_state_t *ss, row_t *row, int round) {
+  const opts_t *o = b->o;
+  int warmup = o->warmup, iters = o->iters;
+  if (o->loop_iters > 0) {
+    if (iters > o->loop_iters) iters = o->loop_iters;
+    if (warmup > 1) warmup = 1;
+  } else if (s->n > 10000) {
+    /* A host loop over 10^5 tensors is slow: a few samples show it. */
+    if (iters > 3) iters = 3;
+    if (warmup > 1) warmup = 1;
+  }
+  run_t r = {0};
+  if (run_alloc(b, s, 1, s->n, &r, row) || run_build(b, &r, s, &r.L, 1, 0, ss, row)) goto done;
+  if (run_check(b, s, &r, ss, row, round)) goto done;
+  if (bench_time_steps(b, &r.sp, warmup, iters, row)) goto done;
+  row->ok = 1;
+done:
+  run_free(b, &r);
+}
+
+/* fused, mixed, graph, graph-mixed: one optimizer over all tensors of the
+ * pool, stepped with one call or replayed from a graph. */
+static void run_pooled(bench_t *b, const bench_mode_t *m, const bench_shape_t *s,
+                       shape_state_t *ss, row_t *row, int round) {
+  const int mixed = m->mixed;
+  int eager = 0; /* a step applied before the capture: the state moved */
+  run_t r = {0};
+  if (run_alloc(b, s, 1, 1, &r, row) || run_build(b, &r, s, &r.L, s->n, mixed, ss, row))
+    goto done;
+  if (m->graph) {
+    if (!b->be->graph_capture) {
+      NOTE(row, "graph modes need the CUDA backend");
+      goto done;
+    }
+    if (b->be->graph_capture(b, r.opts[0], &r.sp.graph, &eager, row)) goto done;
+    r.sp.step = step_graph;
+  }
+  if (!mixed && !eager && run_check(b, s, &r, ss, row, round)) goto done;
+  if (bench_time_steps(b, &r.sp, b->o->warmup, b->o->iters, row)) goto done;
+  if (mixed && run_check_skipped(b, &r, row)) goto done;
+  row->ok = 1;
+done:
+  run_free(b, &r);
+}
+
+/* memcpy: a copy that reads and writes bpp/2 bytes per parameter, the plain
+ * step's traffic (its bytes per parameter from mtopt_optimizer_get_info in
+ * an earlier mode of the shape; AdamW's 28 when none ran). */
+static void run_memcpy(bench_t *b, const bench_mode_t *m, const bench_shape_t *s,
+                       shape_state_t *ss, row_t *row, int round) {
+  const int bpp = ss->bpp ? ss->bpp : 28;
+  stepper_t sp = {.step = step_copy};
+  sp.bytes = (size_t)s->total * (size_t)bpp / 2;
+  const int64_t nf = (int64_t)((sp.bytes + 3) / 4);
+  sp.src = bench_alloc(b, nf, row);
+  if (sp.src) sp.dst = bench_alloc(b, nf, row);
+  if (!sp.dst) goto done;
+  if (b->be->copy_prepare(b, &sp, row)) goto done;
+  row->bpp = bpp;
+  row->launches = 1;
+  row->check = "-";
+  if (bench_time_steps(b, &sp, b->o->warmup, b->o->iters, row)) goto done;
+  row->ok = 1;
+done:
+  bench_free(b, sp.src);
+  bench_free(b, sp.dst);
+}
+
+static const bench_mode_t modes[M_COUNT] = {
+    [M_FLAT] = {"flat", run_flat},
+    [M_FUSED] = {"fused", run_pooled},
+    [M_LOOP] = {"loop", run_loop},
+    [M_MIXED] = {"mixed", run_pooled, .mixed = 1},
+    [M_GRAPH] = {"graph", run_pooled, .graph = 1},
+    [M_GRAPH_MIXED] = {"graph-mixed", run_pooled, .mixed = 1, .graph = 1},
+    [M_MEMCPY] = {"memcpy", run_memcpy},
+};
+
+const char *bench_mode_name(int mode) { return modes[mode].name; }
+
+void bench_run_mode(bench_t *b, const bench_shape_t *s, int mode, shape_state_t *ss,
+                    row_t *row, int round) {
+  if (round == 0) {
+    memset(row, 0, sizeof *row);
+    snprintf(row->shape, sizeof row->shape, "%s", s->name);
+    row->mode = modes[mode].name;
+    row->tensors = s->n;
+    row->params = s->total;
+    row->ms = row->host_us = row->gbps = row->frac = NAN;
+    row->check = "-";
+    row->skipped = -1;
+    row->launches = -1;
+  } else if (!row->ok) {
+    return; /* failed in an earlier round: keep its note */
+  }
+  row->ok = 0;
+  modes[mode].run(b, &modes[mode], s, ss, row, round);
+  b->be->clear_error(b); /* a failed mode must not poison the next */
+}
