@@ -41,7 +41,7 @@
 #include <time.h>
 
 #include "core/core.h"
-#include "dist/comm_internal.h"
+#include "dist/dist_internal.h"
 #include "mtopt/mtopt.h"
 #include "mtopt/mtopt_dist.h"
 #include "shapes.h"

@@ -35,7 +35,7 @@
 
 #include "mtopt/mtopt.h"
 #include "mtopt/mtopt_dist.h"
-#include "dist/comm_internal.h"
+#include "dist/dist_internal.h"
 #include "test_util.h"
 
 static int g_rank, g_world;

@@ -1,6 +1,6 @@
 /* Two streams on disjoint sets of a device's SMs (CUDA green contexts), for
  * the distributed layer: its collectives on a few SMs, its bucket steps on the
- * rest, so that the two overlap without sharing an SM (comm_nccl.c says why).
+ * rest, so that the two overlap without sharing an SM (transport_nccl.c says why).
  * Only files built with CUDA include it. */
 #ifndef MTOPT_SM_PARTITION_H
 #define MTOPT_SM_PARTITION_H

@@ -1,0 +1,84 @@
+/* Internal interface of the distributed layer: the communicator and the
+ * distributed optimizer as the files of src/dist share them (comm.c,
+ * dist_optimizer.c, rank_check.c, epilogue.c), and the hooks of the tests
+ * and the benchmark. Names no CUDA or NCCL type. Not installed. */
+#ifndef MTOPT_DIST_INTERNAL_H
+#define MTOPT_DIST_INTERNAL_H
+
+#include "../common/error.h"
+#include "../core/internal_api.h"
+#include "bucket_layout.h"
+#include "mtopt/mtopt_dist.h"
+#include "transport.h"
+
+struct mtopt_comm {
+  mtopt_context_t *ctx;
+  mtopt_comm_config_t cfg;
+  int rank, world;
+  MPI_Comm mpi; /* our duplicate, or MPI_COMM_NULL for a wrapped NCCL comm */
+  const mtopt__transport_ops_t *ops; /* chosen once, at create */
+  mtopt__transport_t *tr;
+  int64_t users; /* distributed optimizers alive */
+};
+
+struct mtopt_dist_optimizer {
+  mtopt_comm_t *comm;
+  mtopt_context_t *ctx;
+  const mtopt__transport_ops_t *ops; /* the communicator's */
+  mtopt__transport_t *tr;
+  mtopt_tensor_list_t *list;       /* the user's; frozen while we live */
+  mtopt_tensor_list_t *shard_list; /* ZeRO-1: the pieces */
+  mtopt_optimizer_t *opt;          /* the inner optimizer */
+  const mtopt__plan_t *plan;       /* the inner optimizer's */
+  mtopt_optimizer_config_t config; /* as read at create */
+  int zero;
+  mtopt__bucket_layout_t lay; /* buckets, offsets, segments, pieces */
+  float **param;              /* per list tensor */
+  float *gbuf;  /* the gradient buffer (ZeRO-1: ours; else the inner one's) */
+  float *shard; /* ZeRO-1: this rank's reduced slices */
+  /* one step */
+  unsigned char *marked;
+  int next_start; /* buckets [0, next_start) issued */
+  int next_done;  /* segments [0, next_done) stepped */
+  /* Slots [0, lay.ns): the segments' reductions; [lay.ns, lay.ns + lay.nb):
+   * the buckets' all-gathers (ZeRO-1). */
+  mtopt__transport_slots_t *slots;
+  int broken;
+};
+
+/* INVALID_ARGUMENT for a NULL dopt. */
+MTOPT__HIDDEN mtopt_status_t mtopt__dist_check(const mtopt_dist_optimizer_t *d, const char *fn);
+/* INVALID_ARGUMENT for a bucket index out of range. */
+MTOPT__HIDDEN mtopt_status_t mtopt__dist_check_bucket(const mtopt_dist_optimizer_t *d,
+                                                      const char *fn, int bucket);
+
+/* The rank agreement check (rank_check.c): every rank must have built the
+ * same bucket layout, or the collectives would mix unrelated ranges (or hang
+ * on different counts). Collective over the communicator; INVALID_ARGUMENT
+ * on every rank, naming the first difference, where they disagree. */
+MTOPT__HIDDEN mtopt_status_t mtopt__dist_rank_agreement(mtopt_dist_optimizer_t *d,
+                                                        const char *fn);
+
+/* ---- hooks of the tests and the benchmark ---- */
+
+/* CPU: elements stepped between two progress pokes of the collectives in
+ * flight (2^20; tests lower it so that buckets are stepped in slices). */
+MTOPT__HIDDEN extern int64_t mtopt__dist_slice_elems;
+
+/* The fewest chunks a segment is cut to (256: a pass of fewer blocks than
+ * about two per SM leaves a GPU idle; at 64 K-element chunks, 64 MB); tests
+ * lower it so that their small buckets are cut. */
+MTOPT__HIDDEN extern int64_t mtopt__dist_min_segment_chunks;
+
+/* Benchmark hook: the collectives of one step over every bucket (all-reduce,
+ * or reduce-scatter then all-gather), with no optimizer work, completed
+ * (CPU) or enqueued (CUDA; call mtopt_dist_synchronize). */
+MTOPT__HIDDEN mtopt_status_t mtopt__dist_comm_only(mtopt_dist_optimizer_t *dopt);
+
+/* Tests and benchmark: the segments (one collective each) of the layout. */
+MTOPT__HIDDEN int mtopt__dist_segment_count(const mtopt_dist_optimizer_t *dopt);
+MTOPT__HIDDEN void mtopt__dist_segment(const mtopt_dist_optimizer_t *dopt, int s, int *bucket,
+                                       int64_t *offset, int64_t *numel, int64_t *c0,
+                                       int64_t *c1);
+
+#endif /* MTOPT_DIST_INTERNAL_H */

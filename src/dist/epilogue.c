@@ -1,0 +1,290 @@
+/* The bucket epilogue (mtopt_dist.h, "The epilogue"): each bucket's
+ * reduction issued once it is marked ready, each segment's step once its
+ * reduction has landed, overlapping the following ones; ZeRO-1's statistics
+ * and weight all-gather.
+ *
+ * One control flow over the transport (transport.h). What differs between a
+ * transport whose collectives the host drives (MPI) and a stream-ordered one
+ * (NCCL) lives in the transport, save two numbers taken from
+ * ops->host_progress: how many chunks are stepped between two pokes
+ * (after_reduce), and how many collectives are issued before the first is
+ * waited for where the transport's own work consumes them (issue_ahead).
+ * The optimizer math stays in the backends: a segment's step is
+ * ops->run_pass over its contiguous chunk range. */
+#include <stdio.h>
+#include <string.h>
+
+#include "dist_internal.h"
+
+int64_t mtopt__dist_slice_elems = INT64_C(1) << 20;
+
+static const char reduction[] = "mtopt_dist: bucket reduction";
+
+/* The check of every call of the epilogue: a distributed optimizer that a
+ * collective has not broken. */
+static mtopt_status_t check_usable(mtopt_dist_optimizer_t *d, const char *fn) {
+  CHECK(mtopt__dist_check(d, fn));
+  if (!d->broken) return MTOPT_STATUS_SUCCESS;
+  return mtopt__error(d->ctx, MTOPT_STATUS_COMM_ERROR,
+                      "%s: an earlier collective failed or timed out; this distributed "
+                      "optimizer is unusable (destroy it)",
+                      fn);
+}
+
+/* A failure mid-step: the optimizer is unusable from now on, and the pass
+ * counter that elects the finaliser is reset, so that the inner optimizer
+ * alone still steps correctly (e.g. to save a checkpoint). */
+static mtopt_status_t fail_step(mtopt_dist_optimizer_t *d, mtopt_status_t st) {
+  d->broken = 1;
+  (void)mtopt__optimizer_reset_pass(d->opt);
+  return st;
+}
+
+/* Bucket passes: on the transport's steps' stream (the CPU ignores the
+ * stream). */
+static mtopt_status_t run_range(mtopt_dist_optimizer_t *d, mtopt__pass_t pass, int64_t c0,
+                                int64_t c1) {
+  if (c0 >= c1) return MTOPT_STATUS_SUCCESS;
+  return mtopt__optimizer_run_pass(d->opt, pass, c0, c1, d->ops->steps_stream(d->tr));
+}
+
+/* A whole pass, on the context's stream; on an empty plan still one call,
+ * which runs the pass's finalisation (the backends finalise when the counter
+ * reaches num_chunks). */
+static mtopt_status_t run_all(mtopt_dist_optimizer_t *d, mtopt__pass_t pass) {
+  return mtopt__optimizer_run_pass(d->opt, pass, 0, d->plan->num_chunks, NULL);
+}
+
+/* Segments issued so far: those of buckets [0, next_start). */
+static int segments_issued(const mtopt_dist_optimizer_t *d) {
+  return d->next_start > 0 ? d->lay.b[d->next_start - 1].s1 : 0;
+}
+
+/* How many of `count` collectives are issued before the first is waited for,
+ * where the transport's own work consumes them (ZeRO-1's all-gather after a
+ * reduce-scatter, the copies after an all-gather). Stream-ordered: none, each
+ * consumer is enqueued right after its collective (the wait costs nothing).
+ * Host progress: all, since a wait blocks the host: every collective is in
+ * flight, moving together, before the first wait. */
+static int issue_ahead(const mtopt_dist_optimizer_t *d, int count) {
+  return d->ops->host_progress ? count : 0;
+}
+
+/* Work after segment s's reduction has landed (and been averaged by the
+ * transport): the segment's statistics or (no statistics) its update. Where
+ * the host drives the collectives, the pass runs in slices of about
+ * mtopt__dist_slice_elems elements with a poke between them, so that the
+ * following segments' communication moves while this one is stepped (the
+ * pass counter makes the split invisible to the result); stream-ordered, it
+ * is one pass. */
+static mtopt_status_t after_reduce(mtopt_dist_optimizer_t *d, int s) {
+  const mtopt__segment_t *g = &d->lay.seg[s];
+  mtopt__pass_t passes[MTOPT__MAX_PASSES];
+  mtopt__step_passes(d->plan, passes);
+  const mtopt__pass_t pass = passes[0]; /* the one that follows each bucket */
+  int64_t slice = g->c1 - g->c0;
+  if (d->ops->host_progress) {
+    slice = mtopt__dist_slice_elems / d->plan->chunk_size;
+    if (slice < 1) slice = 1;
+  }
+  for (int64_t c = g->c0; c < g->c1; c += slice) {
+    CHECK(run_range(d, pass, c, c + slice < g->c1 ? c + slice : g->c1));
+    CHECK(d->ops->poke(d->slots, s + 1, segments_issued(d)));
+  }
+  return MTOPT_STATUS_SUCCESS;
+}
+
+/* Starts segment s's reduction (ZeRO-1: the segment is its bucket). The
+ * transport's work already waits for the gradients (progress); the pass that
+ * reads this segment waits for its slot (dist_step). */
+static mtopt_status_t start_segment(mtopt_dist_optimizer_t *d, int s) {
+  const mtopt__segment_t *g = &d->lay.seg[s];
+  const mtopt__bucket_t *b = &d->lay.b[g->bucket];
+  if (d->zero)
+    return d->ops->reduce_scatter_avg(d->slots, s, d->gbuf + b->offset, d->shard + b->shard_off,
+                                      b->slice, reduction);
+  return d->ops->allreduce_avg(d->slots, s, d->gbuf + g->offset, g->numel, reduction);
+}
+
+/* Issues the reductions of marked buckets in bucket order (every rank must
+ * issue collectives in the same order), then steps the segments that have
+ * landed, in order, without blocking. */
+static mtopt_status_t progress(mtopt_dist_optimizer_t *d) {
+  const mtopt__transport_ops_t *ops = d->ops;
+  const mtopt__bucket_layout_t *L = &d->lay;
+  /* One wait per call, recorded before anything of ours goes on the
+   * context's stream: the collectives wait for the gradients written so far,
+   * never for our passes. */
+  if (d->next_start < L->nb && d->marked[d->next_start]) {
+    CHECK(ops->check(d->tr, reduction));
+    CHECK(ops->comm_wait_compute(d->tr));
+  }
+  for (; d->next_start < L->nb && d->marked[d->next_start]; d->next_start++)
+    for (int s = L->b[d->next_start].s0; s < L->b[d->next_start].s1; s++)
+      CHECK(start_segment(d, s));
+  /* Stream-ordered, no segment is seen to land here: the passes are enqueued
+   * by mtopt_dist_step, each after its segment's slot. (They could not go
+   * now: the steps' stream waits for the context's stream, so that the
+   * passes never run before the gradients are written, and backward is not
+   * done.) */
+  while (d->next_done < segments_issued(d)) {
+    int done = 0;
+    CHECK(ops->test(d->slots, d->next_done, &done, reduction));
+    if (!done) break;
+    CHECK(after_reduce(d, d->next_done));
+    d->next_done++;
+  }
+  return MTOPT_STATUS_SUCCESS;
+}
+
+mtopt_status_t mtopt_dist_bucket_ready(mtopt_dist_optimizer_t *d, int bucket) {
+  static const char fn[] = "mtopt_dist_bucket_ready";
+  CHECK(check_usable(d, fn));
+  CHECK(mtopt__dist_check_bucket(d, fn, bucket));
+  if (d->marked[bucket])
+    return mtopt__error(d->ctx, MTOPT_STATUS_INVALID_USAGE,
+                        "%s: bucket %d is already marked in this step", fn, bucket);
+  d->marked[bucket] = 1;
+  mtopt_status_t st = progress(d);
+  return st == MTOPT_STATUS_SUCCESS ? st : fail_step(d, st);
+}
+
+/* ZeRO-1 statistics: every rank's partial (sum of squares, non-finite count)
+ * summed over ranks (the MPI transport in rank order, so every rank derives
+ * the same clip factor to the bit), then the deferred finalisation. */
+static mtopt_status_t zero1_stats(mtopt_dist_optimizer_t *d) {
+  CHECK(d->ops->comm_wait_compute(d->tr));
+  CHECK(d->ops->sum_stats(d->tr, d->plan->stats_sum));
+  CHECK(d->ops->compute_wait_comm(d->tr));
+  return mtopt__optimizer_finish_stats(d->opt);
+}
+
+/* ZeRO-1: bucket k's pieces of the new weights into this rank's slice of
+ * the staging area. */
+static mtopt_status_t stage(mtopt_dist_optimizer_t *d, int k) {
+  const mtopt__bucket_layout_t *L = &d->lay;
+  for (int64_t p = L->b[k].p0; p < L->b[k].p1; p++) {
+    const mtopt__piece_t *q = &L->pieces[p];
+    CHECK(d->ops->copy(d->tr, d->gbuf + L->goff[q->tensor] + q->start,
+                       d->param[q->tensor] + q->start, (size_t)q->len * sizeof(float)));
+  }
+  return MTOPT_STATUS_SUCCESS;
+}
+
+/* ZeRO-1: once bucket k's all-gather has landed, its tensors back from the
+ * staging area. */
+static mtopt_status_t unstage(mtopt_dist_optimizer_t *d, int k, const char *what) {
+  const mtopt__bucket_layout_t *L = &d->lay;
+  CHECK(d->ops->wait(d->slots, L->ns + k, MTOPT__FOR_COMM, what));
+  for (int64_t i = L->b[k].first_tensor; i < L->b[k].first_tensor + L->b[k].num_tensors; i++)
+    if (L->numel[i])
+      CHECK(d->ops->copy(d->tr, d->param[i], d->gbuf + L->goff[i],
+                         (size_t)L->numel[i] * sizeof(float)));
+  return MTOPT_STATUS_SUCCESS;
+}
+
+/* ZeRO-1: every rank's slice of the new weights to every rank. The gradient
+ * buffer is the staging area: this rank's pieces go into its slice, an
+ * in-place all-gather fills the others, and every tensor is copied back.
+ * The copies run on the transport (the communication stream on CUDA). */
+static mtopt_status_t zero1_gather(mtopt_dist_optimizer_t *d) {
+  static const char what[] = "mtopt_dist_step: weight all-gather";
+  const mtopt__bucket_layout_t *L = &d->lay;
+  const int ahead = issue_ahead(d, L->nb);
+  CHECK(d->ops->comm_wait_compute(d->tr));
+  int back = 0; /* buckets [0, back) copied back */
+  for (int k = 0; k < L->nb; k++) {
+    CHECK(stage(d, k));
+    CHECK(d->ops->allgather(d->slots, L->ns + k, d->gbuf + L->b[k].offset, L->b[k].slice, what));
+    for (; back <= k - ahead; back++) CHECK(unstage(d, back, what));
+  }
+  for (; back < L->nb; back++) CHECK(unstage(d, back, what));
+  return d->ops->compute_wait_comm(d->tr);
+}
+
+static mtopt_status_t dist_step(mtopt_dist_optimizer_t *d) {
+  const mtopt__transport_ops_t *ops = d->ops;
+  for (int k = 0; k < d->lay.nb; k++) d->marked[k] = 1;
+  CHECK(progress(d));
+  /* Every collective is issued; each segment's pass waits for its own
+   * collective only, so it runs while the later segments are communicated
+   * (CPU: the host waits for each in order and steps it). On CUDA the passes
+   * go on the steps' stream, which waits for the context's stream first and
+   * which the context's stream waits for at the end. */
+  CHECK(ops->steps_begin(d->tr));
+  mtopt_status_t st = MTOPT_STATUS_SUCCESS;
+  for (; st == MTOPT_STATUS_SUCCESS && d->next_done < d->lay.ns; d->next_done++) {
+    char what[64];
+    snprintf(what, sizeof what, "mtopt_dist_step: bucket %d reduction",
+             d->lay.seg[d->next_done].bucket);
+    /* Waited for even where the range is empty: the steps end up ordered
+     * after every collective of the step. */
+    st = ops->wait(d->slots, d->next_done, MTOPT__FOR_STEPS, what);
+    if (st == MTOPT_STATUS_SUCCESS) st = after_reduce(d, d->next_done);
+  }
+  /* Joined even after a failure: the context's stream (and fail_step's
+   * reset of the pass counter on it) must come after the passes already
+   * enqueued. */
+  const mtopt_status_t end = ops->steps_end(d->tr);
+  CHECK(st);
+  CHECK(end);
+  /* The first pass ran per segment as each landed (on an empty plan it runs
+   * once here, for its finalisation); the others run whole, after the ranks'
+   * statistics where the plan defers them. One pass at a time: the counter
+   * that elects a pass's finaliser cannot tell interleaved passes apart. */
+  mtopt__pass_t passes[MTOPT__MAX_PASSES];
+  const int np = mtopt__step_passes(d->plan, passes);
+  if (d->plan->num_chunks == 0) CHECK(run_all(d, passes[0]));
+  if (passes[0] == MTOPT__PASS_STATS && d->plan->defer_stats) CHECK(zero1_stats(d));
+  for (int i = 1; i < np; i++) CHECK(run_all(d, passes[i]));
+  if (d->zero) CHECK(zero1_gather(d));
+  return MTOPT_STATUS_SUCCESS;
+}
+
+mtopt_status_t mtopt_dist_step(mtopt_dist_optimizer_t *d) {
+  static const char fn[] = "mtopt_dist_step";
+  CHECK(check_usable(d, fn));
+  mtopt_status_t st = dist_step(d);
+  if (st != MTOPT_STATUS_SUCCESS) return fail_step(d, st);
+  memset(d->marked, 0, (size_t)d->lay.nb);
+  d->next_start = d->next_done = 0;
+  return MTOPT_STATUS_SUCCESS;
+}
+
+mtopt_status_t mtopt_dist_synchronize(mtopt_dist_optimizer_t *d) {
+  static const char fn[] = "mtopt_dist_synchronize";
+  CHECK(check_usable(d, fn));
+  const mtopt_status_t st = d->ops->synchronize(d->tr);
+  if (st != MTOPT_STATUS_SUCCESS) d->broken = 1;
+  return st;
+}
+
+/* After segment s's reduction, ZeRO-1's all-gather of its bucket (one
+ * segment per bucket). */
+static mtopt_status_t gather_after(mtopt_dist_optimizer_t *d, int s, const char *fn) {
+  CHECK(d->ops->wait(d->slots, s, MTOPT__FOR_COMM, fn));
+  if (!d->zero) return MTOPT_STATUS_SUCCESS;
+  const int k = d->lay.seg[s].bucket;
+  return d->ops->allgather(d->slots, d->lay.ns + k, d->gbuf + d->lay.b[k].offset,
+                           d->lay.b[k].slice, fn);
+}
+
+static mtopt_status_t comm_only(mtopt_dist_optimizer_t *d, const char *fn) {
+  const int ns = d->lay.ns, ahead = issue_ahead(d, ns);
+  CHECK(d->ops->comm_wait_compute(d->tr));
+  int landed = 0; /* segments [0, landed) waited for */
+  for (int s = 0; s < ns; s++) {
+    CHECK(start_segment(d, s));
+    for (; landed <= s - ahead; landed++) CHECK(gather_after(d, landed, fn));
+  }
+  for (; landed < ns; landed++) CHECK(gather_after(d, landed, fn));
+  for (int k = 0; k < d->lay.nb; k++) CHECK(d->ops->wait(d->slots, ns + k, MTOPT__FOR_COMM, fn));
+  return d->ops->compute_wait_comm(d->tr);
+}
+
+mtopt_status_t mtopt__dist_comm_only(mtopt_dist_optimizer_t *d) {
+  static const char fn[] = "mtopt__dist_comm_only";
+  CHECK(check_usable(d, fn));
+  const mtopt_status_t st = comm_only(d, fn);
+  return st == MTOPT_STATUS_SUCCESS ? st : fail_step(d, st);
+}

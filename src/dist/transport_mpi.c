@@ -1,0 +1,307 @@
+/* The MPI transport (transport.h): the collectives of CPU contexts, as MPI
+ * non-blocking collectives on host memory over the communicator's duplicate
+ * of the caller's MPI_Comm (errors come back as codes, MPI_ERRORS_RETURN, so
+ * that they become COMM_ERROR, not an abort).
+ *
+ * The average is the sum times (float)(1 / world), in float, applied when the
+ * host sees the reduction land (test, wait): the tests' reference averages
+ * the same way, so results are bit-identical to one process stepping the
+ * averaged gradient.
+ *
+ * Timeouts. MPI cannot cancel a collective: one that does not land within
+ * timeout_ms stays pending with its request, and its buffers must outlive it
+ * (the distributed optimizer then becomes unusable and, at destroy, leaks the
+ * buffers rather than free them under MPI: see drain). */
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "clock.h"
+#include "transport.h"
+
+struct mtopt__transport {
+  mtopt_context_t *ctx;
+  MPI_Comm comm; /* the communicator's duplicate, not owned */
+  int world;
+  int timeout_ms;
+  float inv_world; /* (float)(1 / world) */
+};
+
+typedef struct {
+  MPI_Request req;
+  float *avg;      /* an average to finish when the request lands, or NULL */
+  int64_t avg_len; /* its elements */
+} slot_t;
+
+struct mtopt__transport_slots {
+  mtopt__transport_t *t;
+  int count;
+  slot_t slot[];
+};
+
+static const char reduction[] = "mtopt_dist: bucket reduction";
+
+mtopt_status_t mtopt__mpi_fail(mtopt_context_t *ctx, int rc, const char *what) {
+  char text[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  if (MPI_Error_string(rc, text, &len) != MPI_SUCCESS) snprintf(text, sizeof text, "code %d", rc);
+  return mtopt__error(ctx, MTOPT_STATUS_COMM_ERROR, "%s: MPI error: %s", what, text);
+}
+
+/* Waits for one request, at most timeout_ms (0: forever). A request that times
+ * out stays pending: MPI cannot cancel a collective, so the caller marks the
+ * optimizer broken and keeps the buffers alive. */
+static mtopt_status_t mpi_wait(mtopt_context_t *ctx, MPI_Request *r, int timeout_ms,
+                               const char *what) {
+  if (*r == MPI_REQUEST_NULL) return MTOPT_STATUS_SUCCESS;
+  if (timeout_ms <= 0) {
+    const int rc = MPI_Wait(r, MPI_STATUS_IGNORE);
+    return rc == MPI_SUCCESS ? MTOPT_STATUS_SUCCESS : mtopt__mpi_fail(ctx, rc, what);
+  }
+  const double deadline = mtopt__now_ms() + timeout_ms;
+  for (unsigned spin = 0;; spin++) {
+    int done = 0;
+    const int rc = MPI_Test(r, &done, MPI_STATUS_IGNORE);
+    if (rc != MPI_SUCCESS) return mtopt__mpi_fail(ctx, rc, what);
+    if (done) return MTOPT_STATUS_SUCCESS;
+    if ((spin & 63) == 0 && mtopt__now_ms() > deadline)
+      return mtopt__error(ctx, MTOPT_STATUS_COMM_ERROR,
+                          "%s: not finished after timeout_ms = %d (a rank did not join "
+                          "the collective, or the network stalled)",
+                          what, timeout_ms);
+    sched_yield();
+  }
+}
+
+mtopt_status_t mtopt__mpi_max_i64(mtopt_context_t *ctx, MPI_Comm comm, int timeout_ms,
+                                  int64_t *v, int n, const char *what) {
+  /* A heap copy: a collective that times out is abandoned with its buffer,
+   * which is then leaked rather than left to MPI on a dead stack frame. */
+  int64_t *buf = malloc((size_t)n * sizeof *buf);
+  if (!buf) return mtopt__error(ctx, MTOPT_STATUS_OUT_OF_MEMORY, "%s: malloc failed", what);
+  memcpy(buf, v, (size_t)n * sizeof *buf);
+  MPI_Request r;
+  const int rc = MPI_Iallreduce(MPI_IN_PLACE, buf, n, MPI_INT64_T, MPI_MAX, comm, &r);
+  if (rc != MPI_SUCCESS) {
+    free(buf);
+    return mtopt__mpi_fail(ctx, rc, what);
+  }
+  CHECK(mpi_wait(ctx, &r, timeout_ms, what));
+  memcpy(v, buf, (size_t)n * sizeof *buf);
+  free(buf);
+  return MTOPT_STATUS_SUCCESS;
+}
+
+/* ------------------------------------------------------------ set-up ----- */
+
+static mtopt_status_t mpi_create(mtopt__transport_args_t *a, mtopt__transport_t **out) {
+  mtopt__transport_t *t = calloc(1, sizeof *t);
+  if (!t)
+    return mtopt__error(a->ctx, MTOPT_STATUS_OUT_OF_MEMORY, "mtopt_comm_create_mpi: calloc failed");
+  t->ctx = a->ctx;
+  t->comm = a->mpi;
+  t->world = a->world;
+  t->timeout_ms = a->cfg->timeout_ms;
+  t->inv_world = (float)(1.0 / (double)a->world);
+  *out = t;
+  return MTOPT_STATUS_SUCCESS;
+}
+
+static mtopt_status_t mpi_destroy(mtopt__transport_t *t) {
+  free(t);
+  return MTOPT_STATUS_SUCCESS;
+}
+
+static void mpi_sm_split(const mtopt__transport_t *t, int *comm_sms, int *step_sms) {
+  (void)t;
+  *comm_sms = *step_sms = 0;
+}
+
+static mtopt_status_t mpi_max(mtopt__transport_t *t, int64_t *v, int n, const char *what) {
+  return mtopt__mpi_max_i64(t->ctx, t->comm, t->timeout_ms, v, n, what);
+}
+
+static mtopt_status_t mpi_slots_create(mtopt__transport_t *t, int reductions, int gathers,
+                                       mtopt__transport_slots_t **out) {
+  const int count = reductions + gathers;
+  mtopt__transport_slots_t *s = malloc(sizeof *s + (size_t)count * sizeof(slot_t));
+  if (!s)
+    return mtopt__error(t->ctx, MTOPT_STATUS_OUT_OF_MEMORY,
+                        "mtopt_dist_optimizer_create: malloc failed");
+  s->t = t;
+  s->count = count;
+  for (int i = 0; i < count; i++) s->slot[i] = (slot_t){MPI_REQUEST_NULL, NULL, 0};
+  *out = s;
+  return MTOPT_STATUS_SUCCESS;
+}
+
+static void mpi_slots_destroy(mtopt__transport_slots_t *s) { free(s); }
+
+/* ------------------------------------------------------- collectives ----- */
+
+static void scale(float *x, int64_t n, float s) {
+#pragma omp parallel for simd if (n > 65536) schedule(static)
+  for (int64_t i = 0; i < n; i++) x[i] *= s;
+}
+
+/* Slot i's request is done: finish its average (once). */
+static void landed(mtopt__transport_slots_t *s, int i) {
+  slot_t *q = &s->slot[i];
+  if (q->avg) scale(q->avg, q->avg_len, s->t->inv_world);
+  q->avg = NULL;
+}
+
+/* Records an issued collective: the average to finish later, at one rank
+ * none (the sum is the average). */
+static mtopt_status_t issued(mtopt__transport_slots_t *s, int i, int rc, float *avg, int64_t n,
+                             const char *what) {
+  if (rc != MPI_SUCCESS) return mtopt__mpi_fail(s->t->ctx, rc, what);
+  s->slot[i].avg = s->t->world > 1 ? avg : NULL;
+  s->slot[i].avg_len = n;
+  return MTOPT_STATUS_SUCCESS;
+}
+
+static mtopt_status_t mpi_allreduce_avg(mtopt__transport_slots_t *s, int i, float *buf,
+                                        int64_t count, const char *what) {
+  const int rc = MPI_Iallreduce(MPI_IN_PLACE, buf, (int)count, MPI_FLOAT, MPI_SUM, s->t->comm,
+                                &s->slot[i].req);
+  return issued(s, i, rc, buf, count, what);
+}
+
+static mtopt_status_t mpi_reduce_scatter_avg(mtopt__transport_slots_t *s, int i,
+                                             const float *send, float *recv, int64_t recvcount,
+                                             const char *what) {
+  const int rc = MPI_Ireduce_scatter_block(send, recv, (int)recvcount, MPI_FLOAT, MPI_SUM,
+                                           s->t->comm, &s->slot[i].req);
+  return issued(s, i, rc, recv, recvcount, what);
+}
+
+static mtopt_status_t mpi_allgather(mtopt__transport_slots_t *s, int i, float *buf,
+                                    int64_t count, const char *what) {
+  const int rc = MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, (int)count, MPI_FLOAT,
+                                s->t->comm, &s->slot[i].req);
+  return issued(s, i, rc, NULL, 0, what);
+}
+
+static mtopt_status_t mpi_test(mtopt__transport_slots_t *s, int i, int *done, const char *what) {
+  *done = 0;
+  const int rc = MPI_Test(&s->slot[i].req, done, MPI_STATUS_IGNORE);
+  if (rc != MPI_SUCCESS) return mtopt__mpi_fail(s->t->ctx, rc, what);
+  if (*done) landed(s, i);
+  return MTOPT_STATUS_SUCCESS;
+}
+
+static mtopt_status_t mpi_wait_slot(mtopt__transport_slots_t *s, int i, mtopt__consumer_t who,
+                                    const char *what) {
+  (void)who; /* every consumer is the host */
+  CHECK(mpi_wait(s->t->ctx, &s->slot[i].req, s->t->timeout_ms, what));
+  landed(s, i);
+  return MTOPT_STATUS_SUCCESS;
+}
+
+/* A test of the first collective still in flight drives all of them. It may
+ * complete it: the average is then finished by the test or wait that sees
+ * it (an MPI_Test of a completed, nulled request reports it done). */
+static mtopt_status_t mpi_poke(mtopt__transport_slots_t *s, int first, int end) {
+  for (int j = first; j < end; j++) {
+    if (s->slot[j].req == MPI_REQUEST_NULL) continue;
+    int done = 0;
+    const int rc = MPI_Test(&s->slot[j].req, &done, MPI_STATUS_IGNORE);
+    if (rc != MPI_SUCCESS) return mtopt__mpi_fail(s->t->ctx, rc, reduction);
+    return MTOPT_STATUS_SUCCESS;
+  }
+  return MTOPT_STATUS_SUCCESS;
+}
+
+/* Outstanding requests point into the optimizer's buffers: each is waited for
+ * (bounded); ones that never finish are counted, and their memory is leaked
+ * by the caller, not freed under MPI's feet. */
+static mtopt_status_t mpi_drain(mtopt__transport_slots_t *s, int *leaked) {
+  for (int i = 0; i < s->count; i++) {
+    if (s->slot[i].req == MPI_REQUEST_NULL) continue;
+    if (mpi_wait(s->t->ctx, &s->slot[i].req, s->t->timeout_ms, "mtopt_dist_optimizer_destroy") !=
+        MTOPT_STATUS_SUCCESS)
+      (*leaked)++;
+  }
+  return MTOPT_STATUS_SUCCESS;
+}
+
+/* Every rank's partial (sum of squares, non-finite count) gathered and
+ * summed in rank order, so every rank derives the same clip factor to the
+ * bit. */
+static mtopt_status_t mpi_sum_stats(mtopt__transport_t *t, double *stats) {
+  mtopt_context_t *ctx = t->ctx;
+  double *all = malloc((size_t)t->world * 2 * sizeof *all);
+  if (!all) return mtopt__error(ctx, MTOPT_STATUS_OUT_OF_MEMORY, "mtopt_dist_step: malloc failed");
+  MPI_Request r;
+  int rc = MPI_Iallgather(stats, 2, MPI_DOUBLE, all, 2, MPI_DOUBLE, t->comm, &r);
+  if (rc != MPI_SUCCESS) {
+    free(all);
+    return mtopt__mpi_fail(ctx, rc, "mtopt_dist_step: gradient norm");
+  }
+  mtopt_status_t st = mpi_wait(ctx, &r, t->timeout_ms, "mtopt_dist_step: gradient norm");
+  if (st != MTOPT_STATUS_SUCCESS) return st; /* `all` leaks with the pending request */
+  double sum = 0.0, bad = 0.0;
+  for (int q = 0; q < t->world; q++) {
+    sum += all[2 * q];
+    bad += all[2 * q + 1];
+  }
+  free(all);
+  stats[0] = sum;
+  stats[1] = bad;
+  return MTOPT_STATUS_SUCCESS;
+}
+
+static mtopt_status_t mpi_copy(mtopt__transport_t *t, void *dst, const void *src, size_t bytes) {
+  (void)t;
+  memcpy(dst, src, bytes);
+  return MTOPT_STATUS_SUCCESS;
+}
+
+/* ------------------------------------- ordering: nothing to order here -- */
+
+static mtopt_status_t mpi_check(mtopt__transport_t *t, const char *what) {
+  (void)t;
+  (void)what;
+  return MTOPT_STATUS_SUCCESS;
+}
+
+static mtopt_status_t mpi_nothing(mtopt__transport_t *t) {
+  (void)t;
+  return MTOPT_STATUS_SUCCESS;
+}
+
+static void *const *mpi_steps_stream(const mtopt__transport_t *t) {
+  (void)t;
+  return NULL; /* the CPU backend ignores the stream */
+}
+
+static const mtopt__transport_ops_t mpi_ops = {
+    .name = "mpi",
+    .host_progress = 1,
+    .create = mpi_create,
+    .destroy = mpi_destroy,
+    .sm_split = mpi_sm_split,
+    .max_i64 = mpi_max,
+    .slots_create = mpi_slots_create,
+    .slots_destroy = mpi_slots_destroy,
+    .allreduce_avg = mpi_allreduce_avg,
+    .reduce_scatter_avg = mpi_reduce_scatter_avg,
+    .allgather = mpi_allgather,
+    .test = mpi_test,
+    .wait = mpi_wait_slot,
+    .poke = mpi_poke,
+    .drain = mpi_drain,
+    .sum_stats = mpi_sum_stats,
+    .copy = mpi_copy,
+    .check = mpi_check,
+    .comm_wait_compute = mpi_nothing,
+    .compute_wait_comm = mpi_nothing,
+    .steps_begin = mpi_nothing,
+    .steps_end = mpi_nothing,
+    .steps_stream = mpi_steps_stream,
+    .synchronize = mpi_nothing,
+};
+
+const mtopt__transport_ops_t *mtopt__transport_mpi(void) { return &mpi_ops; }
