@@ -39,8 +39,15 @@
 extern "C" {
 #endif
 
+/* The public symbols: exported while the library itself is built (CMake
+ * defines MTOPT_BUILDING for its objects), imported by its users on Windows;
+ * elsewhere default visibility (the library is built with hidden visibility). */
 #if defined(_WIN32)
+#if defined(MTOPT_BUILDING)
 #define MTOPT_API __declspec(dllexport)
+#else
+#define MTOPT_API __declspec(dllimport)
+#endif
 #else
 #define MTOPT_API __attribute__((visibility("default")))
 #endif

@@ -11,6 +11,7 @@
 
 #include "../../common/step_math.h"
 #include "../backend.h"
+#include "cpu_kernels.h"
 
 static mtopt_status_t cpu_init(mtopt_context_t *ctx) {
   (void)ctx;
@@ -70,18 +71,28 @@ static int cpu_threads(const mtopt_context_t *ctx) {
 
 /* ---- passes over one chunk ---- */
 
+/* The chunk's sum of squares in MTOPT__CPU_LANES partial sums (cpu_kernels.h),
+ * so that every ISA gives the same bits. */
 static void stats_chunk(const mtopt__plan_t *p, int64_t c, float inv) {
   const mtopt__chunk_rec_t ch = p->chunks[c];
   const float *restrict g = p->tensors[ch.tensor].g + ch.start;
-  float acc = 0.0f;
+  float lanes[MTOPT__CPU_LANES] = {0.0f};
   uint32_t bad = 0;
-#pragma omp simd reduction(+ : acc, bad)
-  for (int32_t i = 0; i < ch.len; i++) {
+  int32_t i = 0;
+  for (; i + MTOPT__CPU_LANES <= ch.len; i += MTOPT__CPU_LANES) {
+#pragma omp simd reduction(+ : bad)
+    for (int32_t j = 0; j < MTOPT__CPU_LANES; j++) {
+      const float x = g[i + j] * inv;
+      lanes[j] += x * x;
+      bad += !isfinite(x);
+    }
+  }
+  for (int32_t j = 0; i < ch.len; i++, j++) {
     const float x = g[i] * inv;
-    acc += x * x;
+    lanes[j] += x * x;
     bad += !isfinite(x);
   }
-  p->slot_gsq[c] = acc;
+  p->slot_gsq[c] = mtopt__cpu_fold(lanes);
   p->slot_nonfinite[c] = bad;
 }
 
@@ -98,6 +109,85 @@ static inline void adam_loop(const mtopt__scalars_t *s, const int decoupled,
   }
 }
 
+/* The cloned loops take the scalars by value and each variant as its own
+ * function, so that every branch of the formula is invariant and known: an
+ * if-converted fmaf needs AVX-512's masks, and the AVX+FMA clone would stay
+ * scalar. */
+MTOPT__CPU_CLONES
+static void adamw_chunk(const mtopt__scalars_t s, float *restrict w, const float *restrict g,
+                        float *restrict m, float *restrict v, int32_t n) {
+  adam_loop(&s, 1, w, g, m, v, n);
+}
+
+MTOPT__CPU_CLONES
+static void adam_chunk(const mtopt__scalars_t s, float *restrict w, const float *restrict g,
+                       float *restrict m, float *restrict v, int32_t n) {
+  adam_loop(&s, 0, w, g, m, v, n);
+}
+
+MTOPT__CPU_CLONES
+static void sgd_chunk(const mtopt__scalars_t s, float *restrict w, const float *restrict g,
+                      float *restrict b, int32_t n) {
+  if (b) { /* the tensor has a buffer (mtopt__chunk_scalars) */
+#pragma omp simd
+    for (int32_t i = 0; i < n; i++) {
+      float wi = w[i], bi = b[i];
+      mtopt__sgd_elem(&s, g[i], &wi, &bi);
+      w[i] = wi;
+      b[i] = bi;
+    }
+  } else {
+#pragma omp simd
+    for (int32_t i = 0; i < n; i++) {
+      float wi = w[i], unused = 0.0f;
+      mtopt__sgd_elem(&s, g[i], &wi, &unused);
+      w[i] = wi;
+    }
+  }
+}
+
+MTOPT__CPU_CLONES
+static void lamb_apply_loop(const mtopt__scalars_t s, const float step, float *restrict w,
+                            const float *restrict m, const float *restrict v, int32_t n) {
+#pragma omp simd
+  for (int32_t i = 0; i < n; i++)
+    w[i] = fmaf(-step, mtopt__lamb_dir(&s, w[i], m[i], v[i]), w[i]);
+}
+
+/* LAMB's first pass: the new moments, and the chunk's sums of w^2 and u^2 in
+ * MTOPT__CPU_LANES partial sums (cpu_kernels.h). */
+
+MTOPT__CPU_CLONES
+static void lamb_moments_loop(const mtopt__scalars_t s, const float *restrict w,
+                              const float *restrict g, float *restrict m, float *restrict v,
+                              int32_t n, float *wsq_out, float *usq_out) {
+  float wl[MTOPT__CPU_LANES] = {0.0f}, ul[MTOPT__CPU_LANES] = {0.0f};
+  int32_t i = 0;
+  for (; i + MTOPT__CPU_LANES <= n; i += MTOPT__CPU_LANES) {
+#pragma omp simd
+    for (int32_t j = 0; j < MTOPT__CPU_LANES; j++) {
+      float mi = m[i + j], vi = v[i + j];
+      const float wi = w[i + j];
+      const float u = mtopt__lamb_moments_elem(&s, g[i + j], wi, &mi, &vi);
+      m[i + j] = mi;
+      v[i + j] = vi;
+      wl[j] += wi * wi;
+      ul[j] += u * u;
+    }
+  }
+  for (int32_t j = 0; i < n; i++, j++) {
+    float mi = m[i], vi = v[i];
+    const float wi = w[i];
+    const float u = mtopt__lamb_moments_elem(&s, g[i], wi, &mi, &vi);
+    m[i] = mi;
+    v[i] = vi;
+    wl[j] += wi * wi;
+    ul[j] += u * u;
+  }
+  *wsq_out = mtopt__cpu_fold(wl);
+  *usq_out = mtopt__cpu_fold(ul);
+}
+
 static void update_chunk(const mtopt__plan_t *p, const mtopt__hyper_t *h, int64_t c) {
   const mtopt__chunk_rec_t ch = p->chunks[c];
   const mtopt__tensor_rec_t *t = &p->tensors[ch.tensor];
@@ -107,48 +197,18 @@ static void update_chunk(const mtopt__plan_t *p, const mtopt__hyper_t *h, int64_
   const int32_t n = ch.len;
   switch (p->kind) {
   case MTOPT__KIND_ADAMW:
-    adam_loop(&s, 1, w, g, t->s0 + ch.start, t->s1 + ch.start, n);
+    adamw_chunk(s, w, g, t->s0 + ch.start, t->s1 + ch.start, n);
     break;
   case MTOPT__KIND_ADAM:
-    adam_loop(&s, 0, w, g, t->s0 + ch.start, t->s1 + ch.start, n);
+    adam_chunk(s, w, g, t->s0 + ch.start, t->s1 + ch.start, n);
     break;
-  case MTOPT__KIND_SGD: {
-    if (s.momentum != 0.0f) { /* the tensor has a buffer (mtopt__chunk_scalars) */
-      float *restrict b = t->s0 + ch.start;
-#pragma omp simd
-      for (int32_t i = 0; i < n; i++) {
-        float wi = w[i], bi = b[i];
-        mtopt__sgd_elem(&s, g[i], &wi, &bi);
-        w[i] = wi;
-        b[i] = bi;
-      }
-    } else {
-#pragma omp simd
-      for (int32_t i = 0; i < n; i++) {
-        float wi = w[i], unused = 0.0f;
-        mtopt__sgd_elem(&s, g[i], &wi, &unused);
-        w[i] = wi;
-      }
-    }
+  case MTOPT__KIND_SGD:
+    sgd_chunk(s, w, g, s.momentum != 0.0f ? t->s0 + ch.start : NULL, n);
     break;
-  }
-  case MTOPT__KIND_LAMB: {
-    float *restrict m = t->s0 + ch.start, *restrict v = t->s1 + ch.start;
-    float wsq = 0.0f, usq = 0.0f;
-#pragma omp simd reduction(+ : wsq, usq)
-    for (int32_t i = 0; i < n; i++) {
-      float mi = m[i], vi = v[i];
-      const float wi = w[i];
-      const float u = mtopt__lamb_moments_elem(&s, g[i], wi, &mi, &vi);
-      m[i] = mi;
-      v[i] = vi;
-      wsq += wi * wi;
-      usq += u * u;
-    }
-    p->slot_wsq[c] = wsq;
-    p->slot_usq[c] = usq;
+  case MTOPT__KIND_LAMB:
+    lamb_moments_loop(s, w, g, t->s0 + ch.start, t->s1 + ch.start, n, &p->slot_wsq[c],
+                      &p->slot_usq[c]);
     break;
-  }
   }
 }
 
@@ -164,11 +224,7 @@ static void lamb_apply_chunk(const mtopt__plan_t *p, const mtopt__hyper_t *h, in
     usq += p->slot_usq[k];
   }
   const float step = mtopt__lamb_step(h, &s, (float)wsq, (float)usq);
-  float *restrict w = t->w + ch.start;
-  const float *restrict m = t->s0 + ch.start, *restrict v = t->s1 + ch.start;
-#pragma omp simd
-  for (int32_t i = 0; i < ch.len; i++)
-    w[i] = fmaf(-step, mtopt__lamb_dir(&s, w[i], m[i], v[i]), w[i]);
+  lamb_apply_loop(s, step, t->w + ch.start, t->s0 + ch.start, t->s1 + ch.start, ch.len);
 }
 
 static mtopt_status_t cpu_run_pass(mtopt_context_t *ctx, const mtopt__plan_t *p,

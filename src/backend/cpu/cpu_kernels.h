@@ -1,0 +1,41 @@
+/* What the CPU backend's chunk loops share: the run-time ISA dispatch and the
+ * fixed order of sums. */
+#ifndef MTOPT_BACKEND_CPU_KERNELS_H
+#define MTOPT_BACKEND_CPU_KERNELS_H
+
+#include <stdint.h>
+
+/* ---- run-time ISA dispatch ----
+ * The library is built for the baseline ISA (MTOPT_NATIVE off), where gcc
+ * cannot vectorise fmaf (it calls libm's). So the element-wise loops are
+ * compiled three times, for AVX-512, AVX+FMA and the baseline, and the loader
+ * picks one by CPUID (an ifunc); CMake defines MTOPT_CPU_DISPATCH where the
+ * compiler has target_clones. Every path gives the same bits: IEEE add, mul,
+ * div and sqrt, no contraction (-ffp-contract=off), and fmaf is correctly
+ * rounded both in hardware and in libm. Sums have their order written out
+ * (below), never left to the vectoriser, whose lane order follows the
+ * vector width. */
+#if defined(MTOPT_CPU_DISPATCH) && defined(__has_attribute)
+#if __has_attribute(target_clones)
+#define MTOPT__CPU_CLONES __attribute__((target_clones("avx512f", "fma", "default")))
+#endif
+#endif
+#ifndef MTOPT__CPU_CLONES
+#define MTOPT__CPU_CLONES
+#endif
+
+/* ---- sums in a fixed order ----
+ * A chunk's sums (squares of g; LAMB's w^2 and u^2) are kept in
+ * MTOPT__CPU_LANES partial sums: element i of the chunk goes to partial sum
+ * i % MTOPT__CPU_LANES, each in element order, and the partial sums are added
+ * in lane order. So the loops, vectorised over the lanes, give the same bits
+ * on every ISA. */
+#define MTOPT__CPU_LANES 16
+
+static inline float mtopt__cpu_fold(const float lanes[MTOPT__CPU_LANES]) {
+  float s = 0.0f;
+  for (int j = 0; j < MTOPT__CPU_LANES; j++) s += lanes[j];
+  return s;
+}
+
+#endif /* MTOPT_BACKEND_CPU_KERNELS_H */
