@@ -265,12 +265,18 @@ START_TEST(test_list_add) {
   b = d;
   b.grad = (char *)g[0] + 2;
   FAILS(BAD, "aligned", ctx, mtopt_tensor_list_add(l, &b, &idx));
+  /* 16-bit dtypes need 2-byte alignment; raw words are no parameter dtype. */
   b = d;
   b.param_dtype = MTOPT_DTYPE_F16;
-  FAILS(MTOPT_STATUS_NOT_SUPPORTED, "dtype", ctx, mtopt_tensor_list_add(l, &b, &idx));
+  b.param = (char *)w[0] + 1;
+  FAILS(BAD, "2-byte aligned", ctx, mtopt_tensor_list_add(l, &b, &idx));
   b = d;
   b.grad_dtype = MTOPT_DTYPE_BF16;
-  FAILS(MTOPT_STATUS_NOT_SUPPORTED, "dtype", ctx, mtopt_tensor_list_add(l, &b, &idx));
+  b.grad = (char *)g[0] + 3;
+  FAILS(BAD, "2-byte aligned", ctx, mtopt_tensor_list_add(l, &b, &idx));
+  b = d;
+  b.param_dtype = MTOPT_DTYPE_U16;
+  FAILS(BAD, "unknown", ctx, mtopt_tensor_list_add(l, &b, &idx));
   b = d;
   b.param_dtype = (mtopt_dtype_t)17;
   FAILS(BAD, "unknown", ctx, mtopt_tensor_list_add(l, &b, &idx));

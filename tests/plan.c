@@ -210,12 +210,6 @@ END_TEST
 /* docs/optimizers.md's table of bytes per parameter and launches per step is
  * the users' copy of what get_info counts: read the table and check every row
  * against optimizers of each configuration, with and without statistics. */
-typedef struct {
-  const char *row; /* the table row's first cell */
-  mtopt_optimizer_kind_t kind;
-  float momentum;
-} docs_row_t;
-
 /* The number that opens a table cell: "28 (read ...)" or "+ 4 (...)". */
 static int cell_int(const char *cell, int *out) {
   while (*cell == ' ' || *cell == '+') cell++;
@@ -253,43 +247,84 @@ static char *read_docs(const char *name) {
   return buf;
 }
 
-START_TEST(test_docs_traffic_table) {
-  static const docs_row_t rows[] = {
-      {"AdamW, Adam", MTOPT_OPTIMIZER_ADAMW, 0.0f}, {"AdamW, Adam", MTOPT_OPTIMIZER_ADAM, 0.0f},
-      {"SGD with momentum", MTOPT_OPTIMIZER_SGD, 0.9f},
-      {"SGD without momentum", MTOPT_OPTIMIZER_SGD, 0.0f}, {"LAMB", MTOPT_OPTIMIZER_LAMB, 0.0f}};
-  char *docs = read_docs("optimizers.md");
-  int stats_bytes = 0, stats_launches = 0;
-  docs_row(docs, "any, with statistics", &stats_bytes, &stats_launches);
+/* One row of a table in docs/optimizers.md and the optimizer it describes:
+ * one tensor of the given dtypes (the gradient's in the library's buffer). */
+typedef struct {
+  const char *row;
+  mtopt_optimizer_kind_t kind;
+  float momentum;
+  mtopt_dtype_t param, grad, state;
+  mtopt_master_t master;
+} docs_row_t;
+
+static void check_docs_row(mtopt_context_t *ctx, const char *docs, const docs_row_t *r,
+                           const char *stats_row) {
+  int bytes = 0, launches = 0, stats_bytes = 0, stats_launches = 0;
+  docs_row(docs, r->row, &bytes, &launches);
+  docs_row(docs, stats_row, &stats_bytes, &stats_launches);
   ck_assert_int_gt(stats_bytes, 0);
   ck_assert_int_gt(stats_launches, 0);
-  mtopt_context_t *ctx = tu_cpu_context();
-  float w[7] = {0.5f, -1.0f, 2.0f, 0.25f, 3.0f, -0.5f, 1.5f};
-  for (size_t r = 0; r < sizeof rows / sizeof rows[0]; r++) {
-    int bytes = 0, launches = 0;
-    docs_row(docs, rows[r].row, &bytes, &launches);
-    for (int stats = 0; stats < 2; stats++) {
-      mtopt_tensor_list_t *list = NULL;
-      TU_OK(mtopt_tensor_list_create(ctx, &list));
-      TU_OK(mtopt_tensor_list_add_f32(list, w, NULL, 7, 0, NULL));
-      mtopt_optimizer_config_t c = MTOPT_OPTIMIZER_CONFIG_INIT;
-      c.kind = rows[r].kind;
-      c.momentum = rows[r].momentum;
-      c.max_grad_norm = stats ? 1.0f : 0.0f;
-      mtopt_optimizer_t *opt = NULL;
-      TU_OK(mtopt_optimizer_create(ctx, list, &c, &opt));
-      mtopt_optimizer_info_t info = MTOPT_OPTIMIZER_INFO_INIT;
-      TU_OK(mtopt_optimizer_get_info(opt, &info));
-      ck_assert_msg(info.bytes_per_param == bytes + stats * stats_bytes &&
-                        info.launches_per_step == launches + stats * stats_launches,
-                    "docs row '%s'%s: %d B, %d launches; get_info: %d B, %d launches",
-                    rows[r].row, stats ? " with statistics" : "", bytes + stats * stats_bytes,
-                    launches + stats * stats_launches, info.bytes_per_param,
-                    info.launches_per_step);
-      TU_OK(mtopt_optimizer_destroy(opt));
-      TU_OK(mtopt_tensor_list_destroy(list));
-    }
+  float w[8] = {0.5f, -1.0f, 2.0f, 0.25f, 3.0f, -0.5f, 1.5f, 1.0f};
+  for (int stats = 0; stats < 2; stats++) {
+    mtopt_tensor_list_t *list = NULL;
+    TU_OK(mtopt_tensor_list_create(ctx, &list));
+    mtopt_tensor_desc_t d = MTOPT_TENSOR_DESC_INIT;
+    d.param = w;
+    d.numel = 7;
+    d.param_dtype = r->param;
+    d.grad_dtype = r->grad;
+    TU_OK(mtopt_tensor_list_add(list, &d, NULL));
+    mtopt_optimizer_config_t c = MTOPT_OPTIMIZER_CONFIG_INIT;
+    c.kind = r->kind;
+    c.momentum = r->momentum;
+    c.state_dtype = r->state;
+    c.master_weights = r->master;
+    c.max_grad_norm = stats ? 1.0f : 0.0f;
+    mtopt_optimizer_t *opt = NULL;
+    TU_OK(mtopt_optimizer_create(ctx, list, &c, &opt));
+    mtopt_optimizer_info_t info = MTOPT_OPTIMIZER_INFO_INIT;
+    TU_OK(mtopt_optimizer_get_info(opt, &info));
+    const int want_b = bytes + stats * stats_bytes, want_l = launches + stats * stats_launches;
+    ck_assert_msg(info.bytes_per_param == want_b && info.launches_per_step == want_l,
+                  "docs row '%s'%s: %d B, %d launches; get_info: %d B, %d launches", r->row,
+                  stats ? " with statistics" : "", want_b, want_l, info.bytes_per_param,
+                  info.launches_per_step);
+    TU_OK(mtopt_optimizer_destroy(opt));
+    TU_OK(mtopt_tensor_list_destroy(list));
   }
+}
+
+START_TEST(test_docs_traffic_table) {
+  const mtopt_dtype_t F = MTOPT_DTYPE_F32, B = MTOPT_DTYPE_BF16;
+  static const char fp32_stats[] = "any, with statistics", bf16_stats[] =
+      "BF16 gradients, with statistics";
+  const docs_row_t fp32[] = {
+      {"AdamW, Adam", MTOPT_OPTIMIZER_ADAMW, 0.0f, F, F, F, MTOPT_MASTER_NONE},
+      {"AdamW, Adam", MTOPT_OPTIMIZER_ADAM, 0.0f, F, F, F, MTOPT_MASTER_NONE},
+      {"SGD with momentum", MTOPT_OPTIMIZER_SGD, 0.9f, F, F, F, MTOPT_MASTER_NONE},
+      {"SGD without momentum", MTOPT_OPTIMIZER_SGD, 0.0f, F, F, F, MTOPT_MASTER_NONE},
+      {"LAMB", MTOPT_OPTIMIZER_LAMB, 0.0f, F, F, F, MTOPT_MASTER_NONE}};
+  const docs_row_t bf16[] = {
+      {"AdamW, BF16 param and grad, F32 master, F32 state", MTOPT_OPTIMIZER_ADAMW, 0.0f, B, B, F,
+       MTOPT_MASTER_F32},
+      {"AdamW, BF16 param and grad, remainders, F32 state", MTOPT_OPTIMIZER_ADAMW, 0.0f, B, B, F,
+       MTOPT_MASTER_REMAINDER},
+      {"AdamW, BF16 param and grad, no master, F32 state", MTOPT_OPTIMIZER_ADAMW, 0.0f, B, B, F,
+       MTOPT_MASTER_NONE},
+      {"AdamW, BF16 param, grad and state, no master", MTOPT_OPTIMIZER_ADAMW, 0.0f, B, B, B,
+       MTOPT_MASTER_NONE},
+      {"AdamW, F32 param, BF16 grad, F32 state", MTOPT_OPTIMIZER_ADAMW, 0.0f, F, B, F,
+       MTOPT_MASTER_NONE},
+      {"SGD with momentum, BF16 param, grad and state", MTOPT_OPTIMIZER_SGD, 0.9f, B, B, B,
+       MTOPT_MASTER_NONE},
+      {"LAMB, BF16 param and grad, F32 master, F32 state", MTOPT_OPTIMIZER_LAMB, 0.0f, B, B, F,
+       MTOPT_MASTER_F32}};
+  char *docs = read_docs("optimizers.md");
+  mtopt_context_t *ctx = tu_cpu_context();
+  for (size_t r = 0; r < sizeof fp32 / sizeof fp32[0]; r++)
+    check_docs_row(ctx, docs, &fp32[r], fp32_stats);
+  for (size_t r = 0; r < sizeof bf16 / sizeof bf16[0]; r++)
+    check_docs_row(ctx, docs, &bf16[r], bf16_stats);
   TU_OK(mtopt_context_destroy(ctx));
   free(docs);
 }

@@ -91,11 +91,45 @@ typedef enum {
   MTOPT_BACKEND_CUDA = 1,
 } mtopt_backend_t;
 
+/* Storage formats of parameters, gradients and optimizer state. The math is
+ * fp32 whatever the storage. */
 typedef enum {
   MTOPT_DTYPE_F32 = 0,
-  MTOPT_DTYPE_F16 = 1, /* reserved: not supported yet */
-  MTOPT_DTYPE_BF16 = 2 /* reserved: not supported yet */
+  MTOPT_DTYPE_F16 = 1, /* IEEE binary16 */
+  MTOPT_DTYPE_BF16 = 2, /* bfloat16: the top half of an fp32 */
+  /* Raw 16-bit words: only ever reported, for the remainders of
+   * MTOPT_MASTER_REMAINDER (mtopt_optimizer_get_state_dtype). */
+  MTOPT_DTYPE_U16 = 3
 } mtopt_dtype_t;
+
+/* Master weights of F16/BF16 parameters (mtopt_optimizer_config_t.master_weights).
+ * F32 parameters never have one. */
+typedef enum {
+  /* The parameter is updated in place: read, computed in fp32, rounded on
+   * write (config.rounding). */
+  MTOPT_MASTER_NONE = 0,
+  /* The optimizer keeps an fp32 copy of every F16/BF16 parameter (initialised
+   * from the parameters at create); a step updates the copy and writes the
+   * parameter rounded to nearest even. */
+  MTOPT_MASTER_F32 = 1,
+  /* BF16 parameters only: the optimizer keeps the low 16 bits of the fp32
+   * master beside each parameter, so that parameter and remainder together are
+   * the exact master (2 bytes instead of 4). The parameter is the master
+   * rounded to nearest, ties away from zero (a tie's direction cannot be kept
+   * in 16 bits otherwise). Masters equal MTOPT_MASTER_F32's bit for bit. */
+  MTOPT_MASTER_REMAINDER = 2,
+} mtopt_master_t;
+
+/* How values written in low precision without a master are rounded:
+ * parameters under MTOPT_MASTER_NONE and BF16 optimizer state. */
+typedef enum {
+  MTOPT_ROUNDING_NEAREST = 0, /* to nearest, ties to even */
+  /* BF16: up or down with probability by distance, from a counter-based
+   * generator keyed by (config.seed, step, tensor, element): no state, the
+   * same bits on every backend and chunking, and a resumed run rounds as an
+   * uninterrupted one. F16 values are always rounded to nearest. */
+  MTOPT_ROUNDING_STOCHASTIC = 1,
+} mtopt_rounding_t;
 
 typedef enum {
   MTOPT_OPTIMIZER_ADAMW = 0, /* Adam with decoupled weight decay (torch AdamW) */
@@ -112,6 +146,9 @@ typedef enum {
   MTOPT_STATE_EXP_AVG = 0,    /* Adam/AdamW/LAMB first moment m */
   MTOPT_STATE_EXP_AVG_SQ = 1, /* Adam/AdamW/LAMB second moment v */
   MTOPT_STATE_MOMENTUM = 2,   /* SGD momentum buffer */
+  MTOPT_STATE_MASTER = 3,     /* the fp32 master of an F16/BF16 parameter (with
+                                 MTOPT_MASTER_F32: fp32; REMAINDER: the int16
+                                 remainders, read_state gives the fp32 master) */
 } mtopt_state_t;
 
 /* Scalars settable between steps (mtopt_optimizer_set_hyperparam). */
@@ -174,7 +211,8 @@ typedef struct mtopt_tensor_list mtopt_tensor_list_t;
 
 typedef struct {
   size_t struct_size; /* sizeof(mtopt_tensor_desc_t) */
-  void *param;        /* the weights: float[numel] in the context's memory */
+  void *param;        /* the weights: numel elements of param_dtype, in the
+                         context's memory, aligned to the dtype's size */
   /* The gradient. NULL: the optimizer owns it, in its contiguous gradient
    * buffer (mtopt_optimizer_get_grad hands out the view). */
   void *grad;
@@ -199,8 +237,9 @@ MTOPT_API mtopt_status_t mtopt_tensor_list_destroy(mtopt_tensor_list_t *list);
  * registration. The descriptor is copied. Overlap between tensors is checked
  * when the optimizer is created.
  * Errors: INVALID_ARGUMENT (NULL param with numel > 0, negative numel, a byte
- * size that overflows, bad group), NOT_SUPPORTED (dtype other than F32),
- * INVALID_USAGE (the list is frozen: an optimizer was built from it). */
+ * size that overflows, bad group, an unknown dtype, a pointer not aligned to
+ * its dtype's size), INVALID_USAGE (the list is frozen: an optimizer was built
+ * from it). Whether the backend can step the dtypes is checked at create. */
 MTOPT_API mtopt_status_t mtopt_tensor_list_add(mtopt_tensor_list_t *list,
                                                const mtopt_tensor_desc_t *desc,
                                                int64_t *index_out);
@@ -248,13 +287,20 @@ typedef struct {
    * scaling; with clipping, a non-finite norm always skips the step. */
   int skip_nonfinite;
   int64_t chunk_size; /* elements per chunk, multiple of 4 in [4, 2^30] */
+  /* Mixed precision (fields since 0.2; a smaller struct_size gets the
+   * defaults). */
+  mtopt_master_t master_weights; /* for F16/BF16 parameters */
+  mtopt_dtype_t state_dtype;     /* m, v, momentum buffer: F32 or BF16 */
+  mtopt_rounding_t rounding;     /* low-precision writes without a master */
+  uint64_t seed;                 /* stochastic rounding's generator */
 } mtopt_optimizer_config_t;
 
 /* torch defaults: AdamW(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, wd=1e-2). */
 #define MTOPT_OPTIMIZER_CONFIG_INIT                                            \
   {sizeof(mtopt_optimizer_config_t), MTOPT_VERSION_CODE, MTOPT_OPTIMIZER_ADAMW, \
    1e-3f, 0.9f, 0.999f, 1e-8f, 1e-2f, 0.0f, 0.0f, 0, 1, 0, 0.0f, 1.0f, 0,     \
-   2.0f, 0.5f, 2000, 0, 65536}
+   2.0f, 0.5f, 2000, 0, 65536, MTOPT_MASTER_NONE, MTOPT_DTYPE_F32,             \
+   MTOPT_ROUNDING_NEAREST, 0u}
 
 /* Builds the optimizer: validates the config and every tensor (overlaps
  * between parameters and gradients are rejected), builds the chunk table, and
@@ -311,13 +357,22 @@ typedef struct {
 MTOPT_API mtopt_status_t mtopt_optimizer_get_step_info(mtopt_optimizer_t *opt,
                                                        mtopt_step_info_t *info);
 
-/* A tensor's state buffer in the context's memory (numel floats); owned by the
- * optimizer. INVALID_ARGUMENT for a buffer this optimizer kind does not keep. */
+/* A tensor's state buffer in the context's memory (numel elements of the
+ * dtype mtopt_optimizer_get_state_dtype reports); owned by the optimizer.
+ * INVALID_ARGUMENT for a buffer this optimizer does not keep for the tensor. */
 MTOPT_API mtopt_status_t mtopt_optimizer_get_state(mtopt_optimizer_t *opt,
                                                    int64_t tensor,
                                                    mtopt_state_t which, void **ptr);
-/* Copies a tensor's state buffer into host memory (numel floats). CUDA: waits
- * for the stream. */
+/* The storage dtype of a tensor's state buffer: config.state_dtype for the
+ * moments and the momentum buffer; for MTOPT_STATE_MASTER, MTOPT_DTYPE_F32
+ * (MTOPT_MASTER_F32) or MTOPT_DTYPE_U16 (the remainders). */
+MTOPT_API mtopt_status_t mtopt_optimizer_get_state_dtype(const mtopt_optimizer_t *opt,
+                                                         int64_t tensor,
+                                                         mtopt_state_t which,
+                                                         mtopt_dtype_t *dtype);
+/* Copies a tensor's state buffer into host memory as numel floats, whatever
+ * its storage (MTOPT_STATE_MASTER with remainders: the fp32 masters). CUDA:
+ * waits for the stream. */
 MTOPT_API mtopt_status_t mtopt_optimizer_read_state(mtopt_optimizer_t *opt,
                                                     int64_t tensor,
                                                     mtopt_state_t which,
@@ -333,19 +388,28 @@ MTOPT_API mtopt_status_t mtopt_optimizer_get_grad(mtopt_optimizer_t *opt,
 MTOPT_API mtopt_status_t mtopt_optimizer_get_grad_buffer(mtopt_optimizer_t *opt,
                                                          void **ptr,
                                                          int64_t *numel);
+/* The library owns one contiguous gradient buffer per gradient dtype (views in
+ * registration order); numel counts elements of that dtype. With gradients of
+ * several dtypes, mtopt_optimizer_get_grad_buffer is INVALID_USAGE: use this. */
+MTOPT_API mtopt_status_t mtopt_optimizer_get_grad_buffer_dtype(mtopt_optimizer_t *opt,
+                                                               mtopt_dtype_t dtype,
+                                                               void **ptr, int64_t *numel);
 /* Zeroes every gradient the step reads: the contiguous gradient buffer and
  * each gradient the user registered with its own pointer (stream-ordered on
  * CUDA; one operation for the buffer, one per user gradient). */
 MTOPT_API mtopt_status_t mtopt_optimizer_zero_grad(mtopt_optimizer_t *opt);
 
-/* Checkpoints. save writes the parameters, every state buffer and the step
- * scalars (step count, loss scale and its growth tracker, skipped steps, the
- * hyperparameters) to `path`: a versioned, CRC-32-checksummed little-endian
+/* Checkpoints. save writes the parameters (in their dtypes), master weights or
+ * remainders, every state buffer (in the state dtype) and the step scalars
+ * (step count, loss scale and its growth tracker, skipped steps, the
+ * hyperparameters, the stochastic-rounding seed) to `path`: a versioned, CRC-32-checksummed little-endian
  * file, written to a temporary file in the same directory and renamed, so an
  * existing checkpoint is replaced only by a complete one. CUDA: waits for the
  * stream. Errors: INVALID_ARGUMENT, IO_ERROR (with the system's reason).
  * load restores all of it into an optimizer built from the same tensor list
- * shape (same kind, tensor count and sizes); the file is read and verified
+ * shape (same kind, tensor count, sizes, parameter dtypes, master weights,
+ * state dtype and rounding; files of format 1, from the fp32-only 0.1, load
+ * into fp32 optimizers); the file is read and verified
  * completely before anything is written, so a missing, truncated, corrupt or
  * mismatched file changes nothing. Errors: IO_ERROR (unreadable, truncated,
  * bad checksum), INVALID_ARGUMENT (saved by a different optimizer),

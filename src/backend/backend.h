@@ -13,6 +13,8 @@
 
 typedef struct mtopt__backend_ops {
   const char *name;
+  /* 1 if run_pass serves every dtype combination (plan.h: !all_f32). */
+  int mixed_precision;
   mtopt_status_t (*init)(mtopt_context_t *ctx);
   void (*fini)(mtopt_context_t *ctx);
   /* Zeroed memory, 256-byte aligned. */

@@ -39,18 +39,32 @@ typedef enum {
 } mtopt__pass_t;
 #define MTOPT__MAX_PASSES 3
 
+/* Master weights of a tensor (mtopt_master_t; F32 parameters have none). */
+#define MTOPT__MASTER_NONE 0
+#define MTOPT__MASTER_F32 1
+#define MTOPT__MASTER_REMAINDER 2
+
 /* One registered tensor. s0/s1 are its state in the slab: m and v for the Adam
- * family and LAMB, the momentum buffer (s0) for SGD. */
+ * family and LAMB, the momentum buffer (s0) for SGD. Each array is stored in
+ * its dtype (MTOPT__DT_*, common/dtype.h); the all-F32 case keeps float
+ * pointers for the fast paths. */
 typedef struct {
-  float *w;
-  float *g;
-  float *s0;
+  float *w;  /* param, in wdt */
+  float *g;  /* grad, in gdt */
+  float *s0; /* state, in sdt */
   float *s1;
+  void *mw;  /* master weights: float[numel] (F32) or the uint16 remainders */
   int64_t numel;
   int64_t first_chunk; /* its chunks are [first_chunk, first_chunk+num_chunks) */
   int64_t num_chunks;
+  /* Stochastic rounding keys on (tensor, element) of the tensor as the user
+   * registered it: sr_tensor, and sr_elem0 + the element index here. */
+  int64_t sr_elem0;
+  int32_t sr_tensor;
   int32_t group;
   uint32_t flags;
+  uint8_t wdt, gdt, sdt; /* dtypes of param, grad, state */
+  uint8_t mmode;         /* MTOPT__MASTER_* */
 } mtopt__tensor_rec_t;
 
 /* One piece of a tensor: never spans two tensors. */
@@ -73,6 +87,7 @@ typedef struct {
   float lr, beta1, beta2, eps, weight_decay, momentum, dampening;
   float max_grad_norm; /* 0: no clipping */
   float growth_factor, backoff_factor;
+  uint64_t seed; /* stochastic rounding */
   int32_t growth_interval;
   int32_t nesterov;
   int32_t bias_correction;
@@ -118,6 +133,8 @@ typedef struct {
   int32_t kind;           /* MTOPT__KIND_* */
   int32_t use_stats;      /* a statistics pass runs before the update */
   int32_t defer_stats;
+  int32_t all_f32;  /* every tensor F32 with F32 state: the fast paths */
+  int32_t stochastic; /* mtopt_rounding_t: low-precision writes without a master */
   int32_t reserved;
 } mtopt__plan_t;
 

@@ -1,12 +1,14 @@
-/* Checkpoints: the parameters, the optimizer state and the step scalars in one
- * versioned, checksummed file, written atomically (a temporary file in the
- * same directory, fsync, rename), so a crash mid-save never leaves a torn
- * checkpoint under the final name.
+/* Checkpoints: the parameters, master weights, the optimizer state and the
+ * step scalars in one versioned, checksummed file, written atomically (a
+ * temporary file in the same directory, fsync, rename), so a crash mid-save
+ * never leaves a torn checkpoint under the final name.
  *
- * Layout (little-endian):
+ * Layout (little-endian), format 2:
  *   header_t
- *   int64 numel[num_tensors]
- *   per tensor: float param[numel], then its state buffers (float[numel] each)
+ *   ext_t                          (format 2; format 1 files are all-fp32)
+ *   per tensor: tensor_t           (format 1: only its int64 numel)
+ *   per tensor: param[numel] in its dtype, then its master (fp32 or 16-bit
+ *     remainders) if it has one, then its state buffers in the state dtype
  *   uint32 crc32 of everything before it
  */
 #include <errno.h>
@@ -18,7 +20,7 @@
 #include "core.h"
 
 #define CKPT_MAGIC "MTOPTCKP"
-#define CKPT_FORMAT 1u
+#define CKPT_FORMAT 2u
 
 typedef struct {
   char magic[8];
@@ -33,6 +35,21 @@ typedef struct {
   float loss_scale;
   int32_t growth_tracker;
 } header_t;
+
+/* Format 2: the dtype layout and the generator. */
+typedef struct {
+  uint32_t state_dtype;    /* mtopt_dtype_t */
+  uint32_t master_weights; /* mtopt_master_t */
+  uint32_t rounding;       /* mtopt_rounding_t */
+  uint32_t reserved;
+  uint64_t seed;
+} ext_t;
+
+typedef struct {
+  int64_t numel;
+  uint32_t param_dtype; /* mtopt_dtype_t */
+  uint32_t master;      /* MTOPT__MASTER_* */
+} tensor_t;
 
 static uint32_t crc_table[256];
 
@@ -69,18 +86,48 @@ static int get(stream_t *s, void *p, size_t n) {
   return 1;
 }
 
-static int64_t max_numel(const mtopt_optimizer_t *opt) {
-  int64_t m = 1;
-  for (int64_t i = 0; i < opt->plan.num_tensors; i++)
-    if (opt->tensors_host[i].numel > m) m = opt->tensors_host[i].numel;
-  return m;
+/* The buffers saved for a tensor, in file order, with their sizes in bytes;
+ * returns how many. */
+typedef struct {
+  void *ptr;
+  size_t bytes;
+} span_t;
+
+static int tensor_buffers(const mtopt_optimizer_t *opt, const mtopt__tensor_rec_t *t,
+                          span_t out[4]) {
+  const size_t n = (size_t)t->numel, se = (size_t)mtopt__dt_size(t->sdt);
+  int k = 0;
+  out[k++] = (span_t){t->w, n * (size_t)mtopt__dt_size(t->wdt)};
+  if (t->mmode != MTOPT__MASTER_NONE)
+    out[k++] = (span_t){t->mw, n * (t->mmode == MTOPT__MASTER_F32 ? 4u : 2u)};
+  if (opt->num_state > 0) out[k++] = (span_t){t->s0, n * se};
+  if (opt->num_state > 1) out[k++] = (span_t){t->s1, n * se};
+  return k;
 }
 
-/* The buffers saved for tensor i, in file order. */
-static void tensor_buffers(const mtopt__tensor_rec_t *t, float *bufs[3]) {
-  bufs[0] = t->w;
-  bufs[1] = t->s0;
-  bufs[2] = t->s1;
+/* The payload's size, and its largest buffer (a staging buffer's size). */
+static int64_t payload_bytes(const mtopt_optimizer_t *opt, size_t *largest) {
+  int64_t total = 0;
+  *largest = 16;
+  for (int64_t i = 0; i < opt->plan.num_tensors; i++) {
+    span_t b[4];
+    const int k = tensor_buffers(opt, &opt->tensors_host[i], b);
+    for (int j = 0; j < k; j++) {
+      total += (int64_t)b[j].bytes;
+      if (b[j].bytes > *largest) *largest = b[j].bytes;
+    }
+  }
+  return total;
+}
+
+static ext_t ext_of(const mtopt_optimizer_t *opt, uint64_t seed) {
+  ext_t e;
+  memset(&e, 0, sizeof e);
+  e.state_dtype = (uint32_t)opt->config.state_dtype;
+  e.master_weights = (uint32_t)opt->config.master_weights;
+  e.rounding = (uint32_t)opt->config.rounding;
+  e.seed = seed;
+  return e;
 }
 
 mtopt_status_t mtopt_optimizer_save(mtopt_optimizer_t *opt, const char *path) {
@@ -94,7 +141,9 @@ mtopt_status_t mtopt_optimizer_save(mtopt_optimizer_t *opt, const char *path) {
 
   const size_t plen = strlen(path);
   char *tmp = malloc(plen + 16);
-  float *buf = malloc((size_t)max_numel(opt) * sizeof(float));
+  size_t largest;
+  (void)payload_bytes(opt, &largest);
+  void *buf = malloc(largest);
   if (!tmp || !buf) {
     free(tmp);
     free(buf);
@@ -126,19 +175,22 @@ mtopt_status_t mtopt_optimizer_save(mtopt_optimizer_t *opt, const char *path) {
   hd.step = h.step, hd.skipped_steps = h.skipped_steps;
   hd.loss_scale = h.loss_scale, hd.growth_tracker = h.growth_tracker;
 
-  int ok = put(&s, &hd, sizeof hd);
-  for (int64_t i = 0; ok && i < hd.num_tensors; i++)
-    ok = put(&s, &opt->tensors_host[i].numel, sizeof(int64_t));
+  const ext_t ext = ext_of(opt, h.seed);
+  int ok = put(&s, &hd, sizeof hd) && put(&s, &ext, sizeof ext);
+  for (int64_t i = 0; ok && i < hd.num_tensors; i++) {
+    const mtopt__tensor_rec_t *t = &opt->tensors_host[i];
+    const tensor_t rec = {t->numel, t->wdt, t->mmode};
+    ok = put(&s, &rec, sizeof rec);
+  }
   for (int64_t i = 0; ok && i < hd.num_tensors; i++) {
     const mtopt__tensor_rec_t *t = &opt->tensors_host[i];
     if (t->numel == 0) continue;
-    float *bufs[3];
-    tensor_buffers(t, bufs);
-    for (int b = 0; ok && b < 1 + hd.num_state; b++) {
-      const size_t bytes = (size_t)t->numel * sizeof(float);
-      st = ctx->ops->download(ctx, buf, bufs[b], bytes);
+    span_t bufs[4];
+    const int k = tensor_buffers(opt, t, bufs);
+    for (int b = 0; ok && b < k; b++) {
+      st = ctx->ops->download(ctx, buf, bufs[b].ptr, bufs[b].bytes);
       if (st != MTOPT_STATUS_SUCCESS) goto fail;
-      ok = put(&s, buf, bytes);
+      ok = put(&s, buf, bufs[b].bytes);
     }
   }
   const uint32_t crc = s.crc;
@@ -186,7 +238,7 @@ mtopt_status_t mtopt_optimizer_load(mtopt_optimizer_t *opt, const char *path) {
     return mtopt__error(ctx, MTOPT_STATUS_IO_ERROR, "%s: cannot open '%s': %s", fn, path,
                         strerror(errno));
   mtopt_status_t st = MTOPT_STATUS_SUCCESS;
-  float *data = NULL;
+  unsigned char *data = NULL;
   header_t hd;
   const int64_t n = opt->plan.num_tensors;
   const int ns = opt->num_state;
@@ -195,10 +247,27 @@ mtopt_status_t mtopt_optimizer_load(mtopt_optimizer_t *opt, const char *path) {
                       path);
     goto done;
   }
-  if (hd.format != CKPT_FORMAT) {
+  if (hd.format != 1u && hd.format != CKPT_FORMAT) {
     st = mtopt__error(ctx, MTOPT_STATUS_NOT_SUPPORTED,
-                      "%s: '%s' has checkpoint format %u; this library reads format %u", fn,
-                      path, hd.format, CKPT_FORMAT);
+                      "%s: '%s' has checkpoint format %u; this library reads formats 1 and %u",
+                      fn, path, hd.format, CKPT_FORMAT);
+    goto done;
+  }
+  /* Format 1 was written by the fp32-only library: its layout is ext_of a
+   * default config. */
+  ext_t ext = {MTOPT_DTYPE_F32, MTOPT_MASTER_NONE, MTOPT_ROUNDING_NEAREST, 0u, 0u};
+  if (hd.format >= 2u && !get(&s, &ext, sizeof ext)) {
+    st = mtopt__error(ctx, MTOPT_STATUS_IO_ERROR, "%s: '%s' is truncated", fn, path);
+    goto done;
+  }
+  const ext_t mine = ext_of(opt, 0u);
+  if (ext.state_dtype != mine.state_dtype || ext.master_weights != mine.master_weights ||
+      ext.rounding != mine.rounding) {
+    st = mtopt__error(ctx, MTOPT_STATUS_INVALID_ARGUMENT,
+                      "%s: '%s' was saved with state_dtype %u, master_weights %u, rounding %u; "
+                      "this optimizer has %u, %u, %u",
+                      fn, path, ext.state_dtype, ext.master_weights, ext.rounding,
+                      mine.state_dtype, mine.master_weights, mine.rounding);
     goto done;
   }
   if (hd.kind != (uint32_t)opt->config.kind || hd.num_tensors != n || hd.num_state != ns) {
@@ -210,27 +279,30 @@ mtopt_status_t mtopt_optimizer_load(mtopt_optimizer_t *opt, const char *path) {
     goto done;
   }
   for (int64_t i = 0; i < n; i++) {
-    int64_t numel;
-    if (!get(&s, &numel, sizeof numel)) {
+    const mtopt__tensor_rec_t *t = &opt->tensors_host[i];
+    tensor_t rec = {0, MTOPT_DTYPE_F32, MTOPT__MASTER_NONE};
+    if (!get(&s, &rec, hd.format >= 2u ? sizeof rec : sizeof rec.numel)) {
       st = mtopt__error(ctx, MTOPT_STATUS_IO_ERROR, "%s: '%s' is truncated", fn, path);
       goto done;
     }
-    if (numel != opt->tensors_host[i].numel) {
+    if (rec.numel != t->numel || rec.param_dtype != t->wdt || rec.master != t->mmode) {
       st = mtopt__error(ctx, MTOPT_STATUS_INVALID_ARGUMENT,
-                        "%s: '%s': tensor %lld has %lld elements, the optimizer's has %lld",
-                        fn, path, (long long)i, (long long)numel,
-                        (long long)opt->tensors_host[i].numel);
+                        "%s: '%s': tensor %lld has %lld elements of dtype %u with master %u; "
+                        "the optimizer's has %lld of dtype %u with master %u",
+                        fn, path, (long long)i, (long long)rec.numel, rec.param_dtype,
+                        rec.master, (long long)t->numel, (unsigned)t->wdt, (unsigned)t->mmode);
       goto done;
     }
   }
-  const int64_t floats = opt->total_numel * (1 + ns);
-  data = malloc((size_t)(floats > 0 ? floats : 1) * sizeof(float));
+  size_t largest;
+  const int64_t bytes = payload_bytes(opt, &largest);
+  data = malloc((size_t)(bytes > 0 ? bytes : 1));
   if (!data) {
     st = mtopt__error(ctx, MTOPT_STATUS_OUT_OF_MEMORY, "%s: host allocation failed", fn);
     goto done;
   }
   uint32_t crc_file;
-  const uint32_t crc_want = (get(&s, data, (size_t)floats * sizeof(float)), s.crc);
+  const uint32_t crc_want = (get(&s, data, (size_t)bytes), s.crc);
   if (fread(&crc_file, sizeof crc_file, 1, s.f) != 1 || fgetc(s.f) != EOF) {
     st = mtopt__error(ctx, MTOPT_STATUS_IO_ERROR, "%s: '%s' is truncated or has trailing data",
                       fn, path);
@@ -244,16 +316,15 @@ mtopt_status_t mtopt_optimizer_load(mtopt_optimizer_t *opt, const char *path) {
   /* Verified: now write parameters, state and scalars, after any step still
    * in flight. */
   CHECK_GOTO(ctx->ops->synchronize(ctx), st, done);
-  const float *src = data;
+  const unsigned char *src = data;
   for (int64_t i = 0; i < n; i++) {
     const mtopt__tensor_rec_t *t = &opt->tensors_host[i];
     if (t->numel == 0) continue;
-    float *bufs[3];
-    tensor_buffers(t, bufs);
-    for (int b = 0; b < 1 + ns; b++) {
-      CHECK_GOTO(ctx->ops->upload(ctx, bufs[b], src, (size_t)t->numel * sizeof(float)), st,
-                 done);
-      src += t->numel;
+    span_t bufs[4];
+    const int k = tensor_buffers(opt, t, bufs);
+    for (int b = 0; b < k; b++) {
+      CHECK_GOTO(ctx->ops->upload(ctx, bufs[b].ptr, src, bufs[b].bytes), st, done);
+      src += bufs[b].bytes;
     }
   }
   mtopt__hyper_t *hh = &opt->hyper_host;
@@ -263,6 +334,7 @@ mtopt_status_t mtopt_optimizer_load(mtopt_optimizer_t *opt, const char *path) {
   hh->step = hd.step, hh->skipped_steps = hd.skipped_steps;
   hh->loss_scale = hd.loss_scale, hh->growth_tracker = hd.growth_tracker;
   hh->last_grad_norm = NAN, hh->last_skipped = 0;
+  hh->seed = ext.seed;
   st = ctx->ops->upload(ctx, opt->plan.hyper, hh, sizeof *hh);
 
 done:

@@ -9,8 +9,11 @@
 #include "mtopt/mtopt.h"
 #include "../backend/backend.h"
 #include "../common/error.h"
+#include "../common/dtype.h"
 #include "../common/step_math.h"
 #include "internal_api.h"
+
+#define MTOPT__NUM_DTYPES 3
 
 struct mtopt_context {
   mtopt_backend_t backend;
@@ -47,10 +50,31 @@ struct mtopt_optimizer {
   int num_state; /* state buffers per tensor */
   /* Backend allocations, released on destroy. */
   void *dev_tables; /* tensors, chunks, groups, hyper, slots, stats_sum */
-  void *dev_state;  /* the state slab */
-  void *dev_grads;  /* the contiguous gradient buffer, or NULL */
-  int64_t grad_buffer_numel;
+  void *dev_state;  /* the state slab: moments, momentum buffers, masters */
+  /* The contiguous gradient buffers, one per gradient dtype (MTOPT__DT_*), or
+   * NULL; their lengths in bytes. */
+  void *dev_grads[MTOPT__NUM_DTYPES];
+  int64_t grad_bytes[MTOPT__NUM_DTYPES];
+  int all_f32; /* plan.all_f32, on the host */
 };
+
+/* Bytes of the library's buffers (core/layout.c). */
+typedef struct {
+  int64_t slab;
+  int64_t grads[MTOPT__NUM_DTYPES];
+} mtopt__layout_t;
+
+/* Lays out the state slab and the gradient buffers for the list's tensors.
+ * With slab/grads NULL it only counts (size); with them it also writes the
+ * records' pointers, dtypes and keys into recs (whose first_chunk/num_chunks
+ * are already set). */
+MTOPT__HIDDEN void mtopt__layout(const mtopt_tensor_list_t *list,
+                                 const mtopt_optimizer_config_t *c, int nstate, char *slab,
+                                 char *const grads[MTOPT__NUM_DTYPES],
+                                 mtopt__tensor_rec_t *recs, mtopt__layout_t *size);
+/* The master mode of a tensor of this param dtype (F32 params: none). */
+MTOPT__HIDDEN int mtopt__master_mode(const mtopt_optimizer_config_t *c,
+                                     mtopt_dtype_t param_dtype);
 
 /* The chunk table: tensors of numel[i] elements cut into chunks of at most
  * chunk_size. Writes first_chunk/num_chunks per tensor and the chunk records

@@ -82,6 +82,18 @@ mtopt_status_t mtopt__check_config(mtopt_context_t *ctx, const char *fn,
                         "in (0, 1), growth_interval >= 1 (got %g, %g, %d)",
                         fn, (double)c->growth_factor, (double)c->backoff_factor,
                         c->growth_interval);
+  if ((unsigned)c->master_weights > MTOPT_MASTER_REMAINDER)
+    return mtopt__error(ctx, MTOPT_STATUS_INVALID_ARGUMENT,
+                        "%s: unknown master_weights %d (NONE, F32, REMAINDER)", fn,
+                        (int)c->master_weights);
+  if (c->state_dtype != MTOPT_DTYPE_F32 && c->state_dtype != MTOPT_DTYPE_BF16)
+    return mtopt__error(ctx, MTOPT_STATUS_INVALID_ARGUMENT,
+                        "%s: state_dtype %d: optimizer state is MTOPT_DTYPE_F32 or "
+                        "MTOPT_DTYPE_BF16",
+                        fn, (int)c->state_dtype);
+  if ((unsigned)c->rounding > MTOPT_ROUNDING_STOCHASTIC)
+    return mtopt__error(ctx, MTOPT_STATUS_INVALID_ARGUMENT,
+                        "%s: unknown rounding %d (NEAREST, STOCHASTIC)", fn, (int)c->rounding);
   if (c->chunk_size < 4 || c->chunk_size > (INT64_C(1) << 30) || c->chunk_size % 4 != 0)
     return mtopt__error(ctx, MTOPT_STATUS_INVALID_ARGUMENT,
                         "%s: chunk_size %lld must be a multiple of 4 in [4, 2^30]", fn,
@@ -103,6 +115,7 @@ void mtopt__init_hyper(mtopt__hyper_t *h, const mtopt_optimizer_config_t *c) {
   h->growth_factor = c->growth_factor;
   h->backoff_factor = c->backoff_factor;
   h->growth_interval = c->growth_interval;
+  h->seed = c->seed;
   h->nesterov = c->nesterov != 0;
   h->bias_correction = c->kind == MTOPT_OPTIMIZER_LAMB ? c->bias_correction != 0 : 1;
   h->lamb_always_adapt = c->lamb_always_adapt != 0;

@@ -95,5 +95,11 @@ MTOPT__INTERNAL void mtopt__optimizer_detach_grads(mtopt_optimizer_t *opt);
  * offset, in floats, for a tensor starting at or after `offset` whose
  * weights are at `w`. */
 MTOPT__INTERNAL int64_t mtopt__aligned_offset(int64_t offset, const void *w);
+/* The same rule for any element sizes: the byte offset at or after `off` for
+ * an array of elsize-byte elements beside a parameter at `param` of
+ * param_elsize-byte elements, such that both reach a 16-byte boundary at the
+ * same element index. */
+MTOPT__INTERNAL int64_t mtopt__place(int64_t off, int elsize, const void *param,
+                                     int param_elsize);
 
 #endif /* MTOPT_CORE_INTERNAL_API_H */

@@ -34,13 +34,6 @@ mtopt_status_t mtopt__optimizer_config_read(mtopt_context_t *ctx, const char *fn
   return mtopt__check_config(ctx, fn, out);
 }
 
-int64_t mtopt__aligned_offset(int64_t offset, const void *w) {
-  /* 16 bytes = 4 floats: give the state the weights' residue mod 4 floats. */
-  const int64_t want = (int64_t)(((uintptr_t)w / sizeof(float)) & 3u);
-  const int64_t have = offset & 3;
-  return offset + ((want - have) & 3);
-}
-
 /* Overlap check: every parameter and user gradient range, sorted by start. */
 typedef struct {
   uintptr_t lo, hi;
@@ -61,9 +54,10 @@ static mtopt_status_t check_overlaps(mtopt_context_t *ctx, const mtopt_tensor_li
   for (int64_t i = 0; i < list->count; i++) {
     const mtopt_tensor_desc_t *d = &list->items[i].desc;
     if (d->numel == 0) continue;
-    const uintptr_t bytes = (uintptr_t)d->numel * sizeof(float);
-    r[n++] = (range_t){(uintptr_t)d->param, (uintptr_t)d->param + bytes, i, 0};
-    if (d->grad) r[n++] = (range_t){(uintptr_t)d->grad, (uintptr_t)d->grad + bytes, i, 1};
+    const uintptr_t pb = (uintptr_t)d->numel * (uintptr_t)mtopt__dt_size(d->param_dtype);
+    const uintptr_t gb = (uintptr_t)d->numel * (uintptr_t)mtopt__dt_size(d->grad_dtype);
+    r[n++] = (range_t){(uintptr_t)d->param, (uintptr_t)d->param + pb, i, 0};
+    if (d->grad) r[n++] = (range_t){(uintptr_t)d->grad, (uintptr_t)d->grad + gb, i, 1};
   }
   qsort(r, (size_t)n, sizeof *r, range_cmp);
   mtopt_status_t st = MTOPT_STATUS_SUCCESS;
@@ -114,11 +108,72 @@ static table_layout_t layout_tables(int64_t ntensors, int64_t nchunks, int lamb,
   return L;
 }
 
+/* Each tensor against the config and the backend: master weights that fit
+ * its dtype, pointers the backend can use, no overlaps. */
+static mtopt_status_t check_tensors(mtopt_context_t *ctx, const char *fn,
+                                    const mtopt_tensor_list_t *list,
+                                    const mtopt_optimizer_config_t *c) {
+  for (int64_t i = 0; i < list->count; i++) {
+    const mtopt_tensor_desc_t *d = &list->items[i].desc;
+    if (c->master_weights == MTOPT_MASTER_REMAINDER && d->param_dtype == MTOPT_DTYPE_F16)
+      return mtopt__error(ctx, MTOPT_STATUS_INVALID_ARGUMENT,
+                          "%s: tensor %lld '%s': MTOPT_MASTER_REMAINDER needs BF16 (or F32) "
+                          "parameters; this one is F16 (use MTOPT_MASTER_F32)",
+                          fn, (long long)i, d->name ? d->name : "");
+  }
+  CHECK(check_overlaps(ctx, list));
+  for (int64_t i = 0; i < list->count; i++) {
+    const mtopt_tensor_desc_t *d = &list->items[i].desc;
+    if (d->numel == 0) continue;
+    const size_t pb = (size_t)d->numel * (size_t)mtopt__dt_size(d->param_dtype);
+    const size_t gb = (size_t)d->numel * (size_t)mtopt__dt_size(d->grad_dtype);
+    CHECK(ctx->ops->check_pointer(ctx, d->param, pb, "param", i));
+    if (d->grad) CHECK(ctx->ops->check_pointer(ctx, d->grad, gb, "grad", i));
+  }
+  return MTOPT_STATUS_SUCCESS;
+}
+
+/* MTOPT_MASTER_F32: the masters start as the parameters, exactly (every
+ * F16/BF16 value is an fp32 value). Remainders start at zero (the slab is
+ * zeroed), which makes the master equal the parameter. Through the host, in
+ * pieces, once. */
+static mtopt_status_t init_masters(mtopt_optimizer_t *opt) {
+  mtopt_context_t *ctx = opt->ctx;
+  enum { PIECE = 1 << 18 };
+  uint16_t *h = NULL;
+  float *f = NULL;
+  mtopt_status_t st = MTOPT_STATUS_SUCCESS;
+  for (int64_t i = 0; i < opt->list->count && st == MTOPT_STATUS_SUCCESS; i++) {
+    const mtopt__tensor_rec_t *t = &opt->tensors_host[i];
+    if (t->mmode != MTOPT__MASTER_F32 || t->numel == 0) continue;
+    if (!h) {
+      h = malloc(PIECE * sizeof *h);
+      f = malloc(PIECE * sizeof *f);
+      if (!h || !f) {
+        st = mtopt__error(ctx, MTOPT_STATUS_OUT_OF_MEMORY,
+                          "mtopt_optimizer_create: host allocation failed");
+        break;
+      }
+    }
+    for (int64_t a = 0; a < t->numel && st == MTOPT_STATUS_SUCCESS; a += PIECE) {
+      const int64_t len = t->numel - a < PIECE ? t->numel - a : PIECE;
+      st = ctx->ops->download(ctx, h, (const uint16_t *)t->w + a, (size_t)len * sizeof *h);
+      for (int64_t k = 0; k < len && st == MTOPT_STATUS_SUCCESS; k++) f[k] = mtopt__ld(h, t->wdt, k);
+      if (st == MTOPT_STATUS_SUCCESS)
+        st = ctx->ops->upload(ctx, (float *)t->mw + a, f, (size_t)len * sizeof *f);
+    }
+  }
+  free(h);
+  free(f);
+  return st;
+}
+
 static void release_all(mtopt_optimizer_t *opt) {
   mtopt_context_t *ctx = opt->ctx;
   if (opt->dev_tables) ctx->ops->release(ctx, opt->dev_tables);
   if (opt->dev_state) ctx->ops->release(ctx, opt->dev_state);
-  if (opt->dev_grads) ctx->ops->release(ctx, opt->dev_grads);
+  for (int k = 0; k < MTOPT__NUM_DTYPES; k++)
+    if (opt->dev_grads[k]) ctx->ops->release(ctx, opt->dev_grads[k]);
   free(opt->tensors_host);
   free(opt);
 }
@@ -149,14 +204,7 @@ mtopt_status_t mtopt__optimizer_create(mtopt_context_t *ctx, mtopt_tensor_list_t
                         fn);
   mtopt_optimizer_config_t cfg;
   CHECK(mtopt__optimizer_config_read(ctx, fn, config, &cfg));
-  CHECK(check_overlaps(ctx, list));
-  for (int64_t i = 0; i < list->count; i++) {
-    const mtopt_tensor_desc_t *d = &list->items[i].desc;
-    if (d->numel == 0) continue;
-    const size_t bytes = (size_t)d->numel * sizeof(float);
-    CHECK(ctx->ops->check_pointer(ctx, d->param, bytes, "param", i));
-    if (d->grad) CHECK(ctx->ops->check_pointer(ctx, d->grad, bytes, "grad", i));
-  }
+  CHECK(check_tensors(ctx, fn, list, &cfg));
 
   mtopt_status_t st = MTOPT_STATUS_SUCCESS;
   const int64_t n = list->count;
@@ -173,6 +221,7 @@ mtopt_status_t mtopt__optimizer_create(mtopt_context_t *ctx, mtopt_tensor_list_t
     goto fail;
   }
   opt->ctx = ctx;
+  opt->list = list;
   opt->config = cfg;
   const mtopt_optimizer_config_t *c = &opt->config;
 
@@ -192,61 +241,47 @@ mtopt_status_t mtopt__optimizer_create(mtopt_context_t *ctx, mtopt_tensor_list_t
   }
   mtopt__chunk_table(numel, n, c->chunk_size, first, nch, chunks);
 
-  /* State slab and gradient buffer offsets, in floats, aligned to each
-   * tensor's weights. */
+  /* The records: chunk facts first, then (mtopt__layout) the library's
+   * arrays, counted, allocated, placed. */
   const int nstate = state_buffers(c);
   opt->num_state = nstate;
-  int64_t state_off = 0, grad_off = 0, total = 0;
+  int64_t total = 0;
+  int all_f32 = c->state_dtype == MTOPT_DTYPE_F32;
   for (int64_t i = 0; i < n; i++) {
     const mtopt_tensor_desc_t *d = &list->items[i].desc;
     total += d->numel;
-    if (d->numel == 0) continue;
-    for (int s = 0; s < nstate; s++) {
-      state_off = mtopt__aligned_offset(state_off, d->param);
-      state_off += d->numel;
-    }
-    if (!d->grad) grad_off = mtopt__aligned_offset(grad_off, d->param) + d->numel;
+    all_f32 = all_f32 && d->param_dtype == MTOPT_DTYPE_F32 && d->grad_dtype == MTOPT_DTYPE_F32;
+    opt->tensors_host[i].first_chunk = first[i];
+    opt->tensors_host[i].num_chunks = nch[i];
   }
   opt->total_numel = total;
-  opt->state_bytes = state_off * (int64_t)sizeof(float);
-  opt->grad_buffer_numel = grad_off;
+  opt->all_f32 = all_f32;
+  if (!all_f32 && !ctx->ops->mixed_precision) {
+    st = mtopt__error(ctx, MTOPT_STATUS_NOT_SUPPORTED,
+                      "%s: the %s backend steps F32 tensors with F32 state only (this table "
+                      "has F16/BF16 parameters, gradients or state)",
+                      fn, ctx->ops->name);
+    goto fail;
+  }
+  mtopt__layout_t size;
+  mtopt__layout(list, c, nstate, NULL, NULL, NULL, &size);
+  opt->state_bytes = size.slab;
 
   const int lamb = c->kind == MTOPT_OPTIMIZER_LAMB;
   const int use_stats = c->max_grad_norm > 0.0f || mtopt__uses_loss_scale(c) || c->skip_nonfinite;
   const int defer = options->defer_stats && use_stats;
   const table_layout_t L = layout_tables(n, nchunks, lamb, defer);
   CHECK_GOTO(ctx->ops->alloc(ctx, L.total, &opt->dev_tables), st, fail);
-  if (state_off > 0)
-    CHECK_GOTO(ctx->ops->alloc(ctx, (size_t)state_off * sizeof(float), &opt->dev_state), st, fail);
-  if (grad_off > 0)
-    CHECK_GOTO(ctx->ops->alloc(ctx, (size_t)grad_off * sizeof(float), &opt->dev_grads), st, fail);
-
-  /* Tensor records with backend addresses. */
-  float *slab = opt->dev_state, *gbuf = opt->dev_grads;
-  state_off = grad_off = 0;
-  for (int64_t i = 0; i < n; i++) {
-    const mtopt_tensor_desc_t *d = &list->items[i].desc;
-    mtopt__tensor_rec_t *t = &opt->tensors_host[i];
-    t->w = d->param;
-    t->g = d->grad;
-    t->numel = d->numel;
-    t->first_chunk = first[i];
-    t->num_chunks = nch[i];
-    t->group = d->group;
-    t->flags = d->flags;
-    if (d->numel == 0) continue;
-    float **state[2] = {&t->s0, &t->s1};
-    for (int s = 0; s < nstate; s++) {
-      state_off = mtopt__aligned_offset(state_off, d->param);
-      *state[s] = slab + state_off;
-      state_off += d->numel;
-    }
-    if (!d->grad) {
-      grad_off = mtopt__aligned_offset(grad_off, d->param);
-      t->g = gbuf + grad_off;
-      grad_off += d->numel;
-    }
+  if (size.slab > 0) CHECK_GOTO(ctx->ops->alloc(ctx, (size_t)size.slab, &opt->dev_state), st, fail);
+  for (int k = 0; k < MTOPT__NUM_DTYPES; k++) {
+    opt->grad_bytes[k] = size.grads[k];
+    if (size.grads[k] > 0)
+      CHECK_GOTO(ctx->ops->alloc(ctx, (size_t)size.grads[k], &opt->dev_grads[k]), st, fail);
   }
+  char *gbufs[MTOPT__NUM_DTYPES];
+  for (int k = 0; k < MTOPT__NUM_DTYPES; k++) gbufs[k] = opt->dev_grads[k];
+  mtopt__layout(list, c, nstate, opt->dev_state, gbufs, opt->tensors_host, &size);
+  CHECK_GOTO(init_masters(opt), st, fail);
   mtopt__init_hyper(&opt->hyper_host, c);
 
   char *base = opt->dev_tables;
@@ -276,12 +311,13 @@ mtopt_status_t mtopt__optimizer_create(mtopt_context_t *ctx, mtopt_tensor_list_t
   p->kind = (int32_t)c->kind;
   p->use_stats = use_stats;
   p->defer_stats = defer;
+  p->all_f32 = all_f32;
+  p->stochastic = c->rounding == MTOPT_ROUNDING_STOCHASTIC;
 
   free(numel);
   free(first);
   free(nch);
   free(chunks);
-  opt->list = list;
   list->users++;
   ctx->live_objects++;
   *out = opt;
@@ -358,4 +394,6 @@ mtopt_status_t mtopt__optimizer_reset_pass(mtopt_optimizer_t *opt) {
                                       sizeof zero);
 }
 
-void mtopt__optimizer_detach_grads(mtopt_optimizer_t *opt) { opt->dev_grads = NULL; }
+void mtopt__optimizer_detach_grads(mtopt_optimizer_t *opt) {
+  for (int k = 0; k < MTOPT__NUM_DTYPES; k++) opt->dev_grads[k] = NULL;
+}

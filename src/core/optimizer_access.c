@@ -1,4 +1,6 @@
-/* Optimizer accessors: state buffers, gradients, planning facts. */
+/* Optimizer accessors: state buffers and master weights, gradients, planning
+ * facts. */
+#include <stdlib.h>
 #include <string.h>
 
 #include "core.h"
@@ -13,21 +15,35 @@ static mtopt_status_t tensor_index(const mtopt_optimizer_t *opt, const char *fn,
   return MTOPT_STATUS_SUCCESS;
 }
 
-static mtopt_status_t state_ptr(const mtopt_optimizer_t *opt, const char *fn, int64_t t,
-                                mtopt_state_t which, float **out) {
+/* A tensor's buffer `which` and its storage: dtype (MTOPT__DT_*) or, for
+ * remainders, -1. */
+typedef struct {
+  void *ptr;
+  int dt;
+} buffer_t;
+
+static mtopt_status_t state_buffer(const mtopt_optimizer_t *opt, const char *fn, int64_t t,
+                                   mtopt_state_t which, buffer_t *out) {
   CHECK(tensor_index(opt, fn, t));
   const mtopt__tensor_rec_t *r = &opt->tensors_host[t];
   const int adam = mtopt__is_adam_family(opt->config.kind);
-  float *p = NULL;
-  if (which == MTOPT_STATE_EXP_AVG && adam) p = r->s0;
-  else if (which == MTOPT_STATE_EXP_AVG_SQ && adam) p = r->s1;
-  else if (which == MTOPT_STATE_MOMENTUM && !adam && opt->config.momentum > 0.0f) p = r->s0;
-  else
+  const int sdt = (int)opt->config.state_dtype;
+  if (which == MTOPT_STATE_EXP_AVG && adam) {
+    *out = (buffer_t){r->s0, sdt};
+  } else if (which == MTOPT_STATE_EXP_AVG_SQ && adam) {
+    *out = (buffer_t){r->s1, sdt};
+  } else if (which == MTOPT_STATE_MOMENTUM && !adam && opt->config.momentum > 0.0f) {
+    *out = (buffer_t){r->s0, sdt};
+  } else if (which == MTOPT_STATE_MASTER &&
+             mtopt__master_mode(&opt->config, (mtopt_dtype_t)r->wdt) != MTOPT__MASTER_NONE) {
+    *out = (buffer_t){r->mw, r->mmode == MTOPT__MASTER_F32 ? MTOPT__DT_F32 : -1};
+  } else {
     return mtopt__error(opt->ctx, MTOPT_STATUS_INVALID_ARGUMENT,
-                        "%s: this optimizer keeps no state buffer %d (EXP_AVG/EXP_AVG_SQ "
-                        "are Adam's and LAMB's, MOMENTUM is SGD's with momentum > 0)",
-                        fn, (int)which);
-  *out = p;
+                        "%s: tensor %lld has no state buffer %d (EXP_AVG/EXP_AVG_SQ are "
+                        "Adam's and LAMB's, MOMENTUM is SGD's with momentum > 0, MASTER an "
+                        "F16/BF16 parameter's under master_weights F32 or REMAINDER)",
+                        fn, (long long)t, (int)which);
+  }
   return MTOPT_STATUS_SUCCESS;
 }
 
@@ -36,10 +52,34 @@ mtopt_status_t mtopt_optimizer_get_state(mtopt_optimizer_t *opt, int64_t tensor,
   static const char fn[] = "mtopt_optimizer_get_state";
   CHECK(mtopt__check_opt(opt, fn));
   if (!ptr) return mtopt__error(opt->ctx, MTOPT_STATUS_INVALID_ARGUMENT, "%s: ptr is NULL", fn);
-  float *p = NULL;
-  CHECK(state_ptr(opt, fn, tensor, which, &p));
-  *ptr = p;
+  buffer_t b = {NULL, 0};
+  CHECK(state_buffer(opt, fn, tensor, which, &b));
+  *ptr = b.ptr;
   return MTOPT_STATUS_SUCCESS;
+}
+
+mtopt_status_t mtopt_optimizer_get_state_dtype(const mtopt_optimizer_t *opt, int64_t tensor,
+                                               mtopt_state_t which, mtopt_dtype_t *dtype) {
+  static const char fn[] = "mtopt_optimizer_get_state_dtype";
+  CHECK(mtopt__check_opt(opt, fn));
+  if (!dtype)
+    return mtopt__error(opt->ctx, MTOPT_STATUS_INVALID_ARGUMENT, "%s: dtype is NULL", fn);
+  buffer_t b = {NULL, 0};
+  CHECK(state_buffer(opt, fn, tensor, which, &b));
+  *dtype = b.dt < 0 ? MTOPT_DTYPE_U16 : (mtopt_dtype_t)b.dt;
+  return MTOPT_STATUS_SUCCESS;
+}
+
+/* Copies n 16-bit words (or floats) of backend memory to the host as fp32. */
+static mtopt_status_t download_f32(mtopt_context_t *ctx, float *dst, const void *src, int dt,
+                                   int64_t n) {
+  if (dt == MTOPT__DT_F32) return ctx->ops->download(ctx, dst, src, (size_t)n * sizeof(float));
+  uint16_t *h = malloc((size_t)n * sizeof *h);
+  if (!h) return mtopt__error(ctx, MTOPT_STATUS_OUT_OF_MEMORY, "read_state: malloc failed");
+  const mtopt_status_t st = ctx->ops->download(ctx, h, src, (size_t)n * sizeof *h);
+  for (int64_t i = 0; st == MTOPT_STATUS_SUCCESS && i < n; i++) dst[i] = mtopt__ld(h, dt, i);
+  free(h);
+  return st;
 }
 
 mtopt_status_t mtopt_optimizer_read_state(mtopt_optimizer_t *opt, int64_t tensor,
@@ -48,11 +88,22 @@ mtopt_status_t mtopt_optimizer_read_state(mtopt_optimizer_t *opt, int64_t tensor
   CHECK(mtopt__check_opt(opt, fn));
   if (!host_dst)
     return mtopt__error(opt->ctx, MTOPT_STATUS_INVALID_ARGUMENT, "%s: host_dst is NULL", fn);
-  float *p = NULL;
-  CHECK(state_ptr(opt, fn, tensor, which, &p));
-  const int64_t n = opt->tensors_host[tensor].numel;
+  buffer_t b = {NULL, 0};
+  CHECK(state_buffer(opt, fn, tensor, which, &b));
+  const mtopt__tensor_rec_t *r = &opt->tensors_host[tensor];
+  const int64_t n = r->numel;
   if (n == 0) return MTOPT_STATUS_SUCCESS;
-  return opt->ctx->ops->download(opt->ctx, host_dst, p, (size_t)n * sizeof(float));
+  if (b.dt >= 0) return download_f32(opt->ctx, host_dst, b.ptr, b.dt, n);
+  /* Remainders: the master is the parameter and its remainder together. */
+  uint16_t *h = malloc((size_t)n * 2 * sizeof *h);
+  if (!h) return mtopt__error(opt->ctx, MTOPT_STATUS_OUT_OF_MEMORY, "%s: malloc failed", fn);
+  mtopt_status_t st = opt->ctx->ops->download(opt->ctx, h, r->w, (size_t)n * sizeof *h);
+  if (st == MTOPT_STATUS_SUCCESS)
+    st = opt->ctx->ops->download(opt->ctx, h + n, r->mw, (size_t)n * sizeof *h);
+  for (int64_t i = 0; st == MTOPT_STATUS_SUCCESS && i < n; i++)
+    host_dst[i] = mtopt__join_master(h[i], h[n + i]);
+  free(h);
+  return st;
 }
 
 mtopt_status_t mtopt_optimizer_get_grad(mtopt_optimizer_t *opt, int64_t tensor, void **ptr) {
@@ -64,6 +115,22 @@ mtopt_status_t mtopt_optimizer_get_grad(mtopt_optimizer_t *opt, int64_t tensor, 
   return MTOPT_STATUS_SUCCESS;
 }
 
+mtopt_status_t mtopt_optimizer_get_grad_buffer_dtype(mtopt_optimizer_t *opt,
+                                                     mtopt_dtype_t dtype, void **ptr,
+                                                     int64_t *numel) {
+  static const char fn[] = "mtopt_optimizer_get_grad_buffer_dtype";
+  CHECK(mtopt__check_opt(opt, fn));
+  if (!ptr || !numel)
+    return mtopt__error(opt->ctx, MTOPT_STATUS_INVALID_ARGUMENT, "%s: %s is NULL", fn,
+                        ptr ? "numel" : "ptr");
+  if ((unsigned)dtype >= MTOPT__NUM_DTYPES)
+    return mtopt__error(opt->ctx, MTOPT_STATUS_INVALID_ARGUMENT,
+                        "%s: %d is not a gradient dtype (F32, F16, BF16)", fn, (int)dtype);
+  *ptr = opt->dev_grads[dtype];
+  *numel = opt->grad_bytes[dtype] / mtopt__dt_size(dtype);
+  return MTOPT_STATUS_SUCCESS;
+}
+
 mtopt_status_t mtopt_optimizer_get_grad_buffer(mtopt_optimizer_t *opt, void **ptr,
                                                int64_t *numel) {
   static const char fn[] = "mtopt_optimizer_get_grad_buffer";
@@ -71,38 +138,62 @@ mtopt_status_t mtopt_optimizer_get_grad_buffer(mtopt_optimizer_t *opt, void **pt
   if (!ptr || !numel)
     return mtopt__error(opt->ctx, MTOPT_STATUS_INVALID_ARGUMENT, "%s: %s is NULL", fn,
                         ptr ? "numel" : "ptr");
-  *ptr = opt->dev_grads;
-  *numel = opt->grad_buffer_numel;
-  return MTOPT_STATUS_SUCCESS;
+  int found = -1;
+  for (int k = 0; k < MTOPT__NUM_DTYPES; k++) {
+    if (!opt->dev_grads[k]) continue;
+    if (found >= 0)
+      return mtopt__error(opt->ctx, MTOPT_STATUS_INVALID_USAGE,
+                          "%s: the library's gradients have several dtypes, one buffer each: "
+                          "use mtopt_optimizer_get_grad_buffer_dtype",
+                          fn);
+    found = k;
+  }
+  if (found < 0) {
+    *ptr = NULL;
+    *numel = 0;
+    return MTOPT_STATUS_SUCCESS;
+  }
+  return mtopt_optimizer_get_grad_buffer_dtype(opt, (mtopt_dtype_t)found, ptr, numel);
 }
 
-/* Every gradient the step reads: the contiguous buffer in one call, and each
- * gradient the user registered, tensor by tensor (as torch's zero_grad). */
+/* Every gradient the step reads: the contiguous buffers in one call each, and
+ * each gradient the user registered, tensor by tensor (as torch's zero_grad). */
 mtopt_status_t mtopt_optimizer_zero_grad(mtopt_optimizer_t *opt) {
   CHECK(mtopt__check_opt(opt, "mtopt_optimizer_zero_grad"));
   mtopt_context_t *ctx = opt->ctx;
-  if (opt->dev_grads)
-    CHECK(ctx->ops->zero_ordered(ctx, opt->dev_grads,
-                                 (size_t)opt->grad_buffer_numel * sizeof(float)));
+  for (int k = 0; k < MTOPT__NUM_DTYPES; k++)
+    if (opt->dev_grads[k])
+      CHECK(ctx->ops->zero_ordered(ctx, opt->dev_grads[k], (size_t)opt->grad_bytes[k]));
   for (int64_t i = 0; i < opt->plan.num_tensors; i++) {
     const mtopt_tensor_desc_t *d = &opt->list->items[i].desc;
     if (d->grad && d->numel > 0)
-      CHECK(ctx->ops->zero_ordered(ctx, d->grad, (size_t)d->numel * sizeof(float)));
+      CHECK(ctx->ops->zero_ordered(ctx, d->grad,
+                                   (size_t)d->numel * (size_t)mtopt__dt_size(d->grad_dtype)));
   }
   return MTOPT_STATUS_SUCCESS;
 }
 
-/* Bytes per parameter one step moves through memory (fp32): reads of w, g,
- * state and writes of w, state, plus one more read of g for the statistics
- * pass and LAMB's second pass over w, m, v. The one place this is counted:
+/* Bytes one step moves through memory for one element of a tensor: reads of
+ * the weight (the master where there is one, or parameter and remainder), g
+ * and state, writes of the weight (master and parameter) and state; one more
+ * read of g for the statistics pass; LAMB's second pass reads the weight and
+ * both moments again and writes the weight. The one place this is counted:
  * the benchmark reports get_info's figure, and tests/plan.c checks the table
  * in docs/optimizers.md against it. */
-static int bytes_per_param(const mtopt__plan_t *p, int nstate) {
-  const int f = (int)sizeof(float);
-  int b = f * (2 + nstate) + f * (1 + nstate); /* read w g state, write w state */
-  if (p->kind == MTOPT__KIND_LAMB) /* pass 1 writes no w; pass 2 reads w m v, writes w */
-    b += -f + f * (1 + nstate) + f;
-  if (p->use_stats) b += f;
+static int64_t tensor_bytes(const mtopt__plan_t *p, const mtopt__tensor_rec_t *t, int nstate) {
+  const int64_t pe = mtopt__dt_size(t->wdt), g = mtopt__dt_size(t->gdt);
+  const int64_t s = mtopt__dt_size(t->sdt) * nstate;
+  int64_t wr = pe, ww = pe; /* the weight, read and written */
+  if (t->mmode == MTOPT__MASTER_F32) {
+    wr = 4;
+    ww = 4 + pe;
+  } else if (t->mmode == MTOPT__MASTER_REMAINDER) {
+    wr = ww = pe + 2;
+  }
+  int64_t b = wr + g + s + ww + s;
+  if (p->kind == MTOPT__KIND_LAMB) /* pass 1 writes no weight; pass 2: r w m v, w w */
+    b += -ww + wr + s + ww;
+  if (p->use_stats) b += g;
   return b;
 }
 
@@ -123,6 +214,18 @@ mtopt_status_t mtopt_optimizer_get_info(const mtopt_optimizer_t *opt,
   /* One launch per pass (on the CPU, one parallel loop per pass). */
   mtopt__pass_t passes[MTOPT__MAX_PASSES];
   info->launches_per_step = mtopt__step_passes(&opt->plan, passes);
-  info->bytes_per_param = bytes_per_param(&opt->plan, opt->num_state);
+  /* Over all elements, rounded to the nearest byte; exact for a table of one
+   * dtype configuration. An empty table counts as one F32 element would. */
+  int64_t bytes = 0;
+  for (int64_t i = 0; i < opt->plan.num_tensors; i++)
+    bytes += opt->tensors_host[i].numel * tensor_bytes(&opt->plan, &opt->tensors_host[i],
+                                                       opt->num_state);
+  if (opt->total_numel > 0) {
+    info->bytes_per_param = (int)((bytes + opt->total_numel / 2) / opt->total_numel);
+  } else {
+    mtopt__tensor_rec_t f32;
+    memset(&f32, 0, sizeof f32);
+    info->bytes_per_param = (int)tensor_bytes(&opt->plan, &f32, opt->num_state);
+  }
   return MTOPT_STATUS_SUCCESS;
 }

@@ -4,6 +4,10 @@
 
 #include "core.h"
 
+_Static_assert(MTOPT__DT_F32 == MTOPT_DTYPE_F32 && MTOPT__DT_F16 == MTOPT_DTYPE_F16 &&
+                   MTOPT__DT_BF16 == MTOPT_DTYPE_BF16,
+               "dtype");
+
 #define DESC_MIN_SIZE (offsetof(mtopt_tensor_desc_t, name) + sizeof(const char *))
 
 mtopt_status_t mtopt_tensor_list_create(mtopt_context_t *ctx, mtopt_tensor_list_t **out) {
@@ -75,19 +79,20 @@ mtopt_status_t mtopt_tensor_list_add(mtopt_tensor_list_t *list,
   if (desc->numel > 0 && !desc->param)
     return mtopt__error(ctx, MTOPT_STATUS_INVALID_ARGUMENT,
                         "%s: tensor %lld '%s': param is NULL", fn, (long long)idx, nm);
-  if ((uintptr_t)desc->param % sizeof(float) != 0 || (uintptr_t)desc->grad % sizeof(float) != 0)
+  if ((unsigned)desc->param_dtype > MTOPT_DTYPE_BF16 ||
+      (unsigned)desc->grad_dtype > MTOPT_DTYPE_BF16)
     return mtopt__error(ctx, MTOPT_STATUS_INVALID_ARGUMENT,
-                        "%s: tensor %lld '%s': param or grad is not 4-byte aligned", fn,
-                        (long long)idx, nm);
-  if (desc->param_dtype != MTOPT_DTYPE_F32 || desc->grad_dtype != MTOPT_DTYPE_F32) {
-    const int known = (unsigned)desc->param_dtype <= MTOPT_DTYPE_BF16 &&
-                      (unsigned)desc->grad_dtype <= MTOPT_DTYPE_BF16;
-    return mtopt__error(ctx, known ? MTOPT_STATUS_NOT_SUPPORTED : MTOPT_STATUS_INVALID_ARGUMENT,
-                        "%s: tensor %lld '%s': dtype (param %d, grad %d) %s; only "
-                        "MTOPT_DTYPE_F32 is supported",
-                        fn, (long long)idx, nm, (int)desc->param_dtype,
-                        (int)desc->grad_dtype, known ? "not supported yet" : "unknown");
-  }
+                        "%s: tensor %lld '%s': unknown dtype (param %d, grad %d; F32, F16 "
+                        "and BF16 are 0, 1, 2)",
+                        fn, (long long)idx, nm, (int)desc->param_dtype, (int)desc->grad_dtype);
+  const size_t pe = (size_t)mtopt__dt_size(desc->param_dtype);
+  const size_t ge = (size_t)mtopt__dt_size(desc->grad_dtype);
+  if ((uintptr_t)desc->param % pe != 0 || (uintptr_t)desc->grad % ge != 0)
+    return mtopt__error(ctx, MTOPT_STATUS_INVALID_ARGUMENT,
+                        "%s: tensor %lld '%s': the %s is not %zu-byte aligned (its dtype's "
+                        "size)",
+                        fn, (long long)idx, nm, (uintptr_t)desc->param % pe ? "param" : "grad",
+                        (uintptr_t)desc->param % pe ? pe : ge);
   if (desc->flags & ~(uint32_t)MTOPT_TENSOR_NO_WEIGHT_DECAY)
     return mtopt__error(ctx, MTOPT_STATUS_INVALID_ARGUMENT,
                         "%s: tensor %lld '%s': unknown flags 0x%x", fn, (long long)idx,

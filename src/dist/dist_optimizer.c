@@ -147,7 +147,17 @@ mtopt_status_t mtopt_dist_optimizer_create(mtopt_comm_t *comm, mtopt_tensor_list
                           "distributed optimizer needs grad == NULL (its buckets are "
                           "ranges of the library's contiguous gradient buffer)",
                           fn, (long long)i, t->name ? t->name : "");
+    if (t->param_dtype != MTOPT_DTYPE_F32 || t->grad_dtype != MTOPT_DTYPE_F32)
+      return mtopt__error(ctx, MTOPT_STATUS_NOT_SUPPORTED,
+                          "%s: tensor %lld '%s' is not F32; the distributed layer reduces "
+                          "F32 gradients only (F16/BF16 buckets are not implemented yet)",
+                          fn, (long long)i, t->name ? t->name : "");
   }
+  /* ZeRO-1's tensors are pieces: stochastic rounding would key on the pieces,
+   * not on the tensors as registered. */
+  if (comm->cfg.zero_stage == 1 && cfg.rounding == MTOPT_ROUNDING_STOCHASTIC)
+    return mtopt__error(ctx, MTOPT_STATUS_NOT_SUPPORTED,
+                        "%s: stochastic rounding with zero_stage 1 is not implemented yet", fn);
   if (mtopt__tensor_list_in_use(list))
     return mtopt__error(ctx, MTOPT_STATUS_INVALID_USAGE,
                         "%s: the tensor list is already used by an optimizer", fn);

@@ -12,6 +12,7 @@
 #include "../../common/step_math.h"
 #include "../backend.h"
 #include "cpu_kernels.h"
+#include "cpu_mixed.h"
 
 static mtopt_status_t cpu_init(mtopt_context_t *ctx) {
   (void)ctx;
@@ -72,9 +73,13 @@ static int cpu_threads(const mtopt_context_t *ctx) {
 /* ---- passes over one chunk ---- */
 
 /* The chunk's sum of squares in MTOPT__CPU_LANES partial sums (cpu_kernels.h),
- * so that every ISA gives the same bits. */
+ * so that the mixed path (cpu_mixed.c) and every ISA give the same bits. */
 static void stats_chunk(const mtopt__plan_t *p, int64_t c, float inv) {
   const mtopt__chunk_rec_t ch = p->chunks[c];
+  if (!p->all_f32) {
+    mtopt__cpu_stats_mixed(p, c, inv);
+    return;
+  }
   const float *restrict g = p->tensors[ch.tensor].g + ch.start;
   float lanes[MTOPT__CPU_LANES] = {0.0f};
   uint32_t bad = 0;
@@ -192,6 +197,10 @@ static void update_chunk(const mtopt__plan_t *p, const mtopt__hyper_t *h, int64_
   const mtopt__chunk_rec_t ch = p->chunks[c];
   const mtopt__tensor_rec_t *t = &p->tensors[ch.tensor];
   const mtopt__scalars_t s = mtopt__chunk_scalars(h, &p->groups[t->group], t);
+  if (!p->all_f32) {
+    mtopt__cpu_update_mixed(p, h, &s, c);
+    return;
+  }
   float *restrict w = t->w + ch.start;
   const float *restrict g = t->g + ch.start;
   const int32_t n = ch.len;
@@ -224,6 +233,10 @@ static void lamb_apply_chunk(const mtopt__plan_t *p, const mtopt__hyper_t *h, in
     usq += p->slot_usq[k];
   }
   const float step = mtopt__lamb_step(h, &s, (float)wsq, (float)usq);
+  if (!p->all_f32) {
+    mtopt__cpu_lamb_apply_mixed(p, h, &s, c, step);
+    return;
+  }
   lamb_apply_loop(s, step, t->w + ch.start, t->s0 + ch.start, t->s1 + ch.start, ch.len);
 }
 
@@ -277,6 +290,7 @@ static mtopt_status_t cpu_finish_stats(mtopt_context_t *ctx, const mtopt__plan_t
 
 const mtopt__backend_ops_t mtopt__cpu_ops = {
     .name = "cpu",
+    .mixed_precision = 1,
     .init = cpu_init,
     .fini = cpu_fini,
     .alloc = cpu_alloc,

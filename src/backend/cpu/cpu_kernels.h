@@ -1,5 +1,5 @@
-/* What the CPU backend's chunk loops share: the run-time ISA dispatch and the
- * fixed order of sums. */
+/* What the CPU backend's chunk loops share (backend_cpu.c, cpu_mixed.c): the
+ * run-time ISA dispatch and the fixed order of sums. */
 #ifndef MTOPT_BACKEND_CPU_KERNELS_H
 #define MTOPT_BACKEND_CPU_KERNELS_H
 
@@ -28,8 +28,9 @@
  * A chunk's sums (squares of g; LAMB's w^2 and u^2) are kept in
  * MTOPT__CPU_LANES partial sums: element i of the chunk goes to partial sum
  * i % MTOPT__CPU_LANES, each in element order, and the partial sums are added
- * in lane order. So the loops, vectorised over the lanes, give the same bits
- * on every ISA. */
+ * in lane order. So the fp32 loops (vectorised over the lanes), the
+ * mixed-precision loops (an element at a time) and every ISA give the same
+ * bits. */
 #define MTOPT__CPU_LANES 16
 
 static inline float mtopt__cpu_fold(const float lanes[MTOPT__CPU_LANES]) {

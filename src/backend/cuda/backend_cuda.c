@@ -278,6 +278,7 @@ static mtopt_status_t cuda_finish_stats(mtopt_context_t *ctx, const mtopt__plan_
 
 static const mtopt__backend_ops_t cuda_ops = {
     .name = "cuda",
+    .mixed_precision = 1,
     .init = cuda_init,
     .fini = cuda_fini,
     .alloc = cuda_alloc,

@@ -47,7 +47,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "../../common/step_math.h"
+#include "../../common/step_elem.h"
 #include "launch.h"
 
 namespace {
@@ -303,12 +303,17 @@ __device__ void finish_block(const mtopt__plan_t &p, unsigned chunks) {
 
 /* What a block learns about its chunk, once, in thread 0. */
 struct ChunkView {
-  float *w, *g, *s0, *s1;
+  float *w, *g, *s0, *s1; /* all-F32 plans: the chunk's arrays */
   int32_t len;
   int32_t skip;
   float inv;
   int64_t first_chunk, num_chunks; /* the tensor's chunks (LAMB norms) */
   mtopt__scalars_t s;
+  /* mixed-precision plans: the record, the chunk's first element in it, the
+   * stochastic-rounding keys */
+  mtopt__tensor_rec_t rec;
+  int64_t start;
+  mtopt__sr_t sr;
 };
 
 template <int PASS>
@@ -329,6 +334,70 @@ __device__ __forceinline__ void load_view(const mtopt__plan_t &p, int64_t c,
     v.inv = mtopt__inv_loss_scale(h);
   else if (!v.skip)
     v.s = mtopt__chunk_scalars(h, &p.groups[t->group], t);
+  if (!p.all_f32) {
+    v.rec = *t;
+    v.start = ch.start;
+    if (PASS != MTOPT__PASS_STATS && !v.skip) v.sr = mtopt__sr_for(&p, h, t);
+  }
+}
+
+/* ---- the mixed-precision passes: one element at a time through
+ * common/step_elem.h (the CPU backend's mixed path calls the same functions),
+ * element start + i by team lane i mod TEAM, so each warp reads consecutive
+ * elements. ---- */
+
+template <int TEAM>
+__device__ __forceinline__ void mixed_stats(const ChunkView &v, float &acc, unsigned &bad) {
+  const mtopt__tensor_rec_t t = v.rec;
+  for (int32_t i = team_lane<TEAM>(); i < v.len; i += TEAM) {
+    const float x = mtopt__grad_elem(&t, v.start + i) * v.inv;
+    acc += x * x;
+    bad += !isfinite(x);
+  }
+}
+
+template <int TEAM, int KIND>
+__device__ __forceinline__ void mixed_update(const ChunkView &v, float &wsq, float &usq) {
+  const mtopt__tensor_rec_t t = v.rec;
+  const mtopt__scalars_t s = v.s;
+  const mtopt__sr_t sr = v.sr;
+  for (int32_t i = team_lane<TEAM>(); i < v.len; i += TEAM)
+    mtopt__update_elem(KIND, &s, &sr, &t, v.start + i, &wsq, &usq);
+}
+
+template <int TEAM>
+__device__ __forceinline__ void mixed_lamb_apply(const ChunkView &v, float step) {
+  const mtopt__tensor_rec_t t = v.rec;
+  const mtopt__scalars_t s = v.s;
+  const mtopt__sr_t sr = v.sr;
+  for (int32_t i = team_lane<TEAM>(); i < v.len; i += TEAM)
+    mtopt__lamb_apply_elem(&s, &sr, &t, v.start + i, step);
+}
+
+/* LAMB's per-tensor step from the tensor's slots, in every lane: every chunk
+ * of the tensor reduces the same slots in the same order, so all of them use
+ * the same step. */
+template <int TEAM>
+__device__ __forceinline__ float lamb_chunk_step(const mtopt__plan_t &p, const ChunkView &v) {
+  double wsq = 0.0, usq = 0.0;
+#pragma unroll 4
+  for (int64_t k = v.first_chunk + team_lane<TEAM>(); k < v.first_chunk + v.num_chunks;
+       k += TEAM) {
+    wsq += (double)p.slot_wsq[k];
+    usq += (double)p.slot_usq[k];
+  }
+  wsq = team_sum<TEAM>(wsq);
+  usq = team_sum<TEAM>(usq);
+  float step = 0.0f;
+  if (team_lane<TEAM>() == 0) step = mtopt__lamb_step(p.hyper, &v.s, (float)wsq, (float)usq);
+  if constexpr (TEAM == kBlock) {
+    __shared__ float shared_step;
+    if (threadIdx.x == 0) shared_step = step;
+    __syncthreads();
+    return shared_step;
+  } else {
+    return __shfl_sync(0xffffffffu, step, 0);
+  }
 }
 
 /* ---- one chunk of each pass, by a team (a block or a warp) ---- */
@@ -339,11 +408,19 @@ __device__ __forceinline__ void do_chunk(const mtopt__plan_t &p, int64_t c, Chun
   if (team_lane<TEAM>() == 0) load_view<PASS>(p, c, v);
   team_sync<TEAM>();
   if constexpr (PASS == MTOPT__PASS_STATS) {
-    StatsOp op{v.inv, 0.0f, 0u};
-    float *const arr[1] = {v.g};
-    stream_chunk<TEAM, 1, 0u>(arr, v.len, op);
-    const float acc = team_sum<TEAM>(op.acc);
-    const unsigned bad = team_sum<TEAM>((unsigned)op.bad);
+    float acc = 0.0f;
+    unsigned bad = 0u;
+    if (p.all_f32) {
+      StatsOp op{v.inv, 0.0f, 0u};
+      float *const arr[1] = {v.g};
+      stream_chunk<TEAM, 1, 0u>(arr, v.len, op);
+      acc = op.acc;
+      bad = op.bad;
+    } else {
+      mixed_stats<TEAM>(v, acc, bad);
+    }
+    acc = team_sum<TEAM>(acc);
+    bad = team_sum<TEAM>(bad);
     if (team_lane<TEAM>() == 0) {
       p.slot_gsq[c] = acc;
       p.slot_nonfinite[c] = bad;
@@ -351,7 +428,10 @@ __device__ __forceinline__ void do_chunk(const mtopt__plan_t &p, int64_t c, Chun
   } else if (v.skip) {
     /* a skipped step changes nothing; its chunks still count */
   } else if constexpr (PASS == MTOPT__PASS_UPDATE) {
-    if constexpr (KIND == MTOPT__KIND_ADAMW || KIND == MTOPT__KIND_ADAM) {
+    float wsq = 0.0f, usq = 0.0f; /* LAMB: the chunk's sums of w^2 and u^2 */
+    if (!p.all_f32) {
+      mixed_update<TEAM, KIND>(v, wsq, usq);
+    } else if constexpr (KIND == MTOPT__KIND_ADAMW || KIND == MTOPT__KIND_ADAM) {
       AdamOp<KIND == MTOPT__KIND_ADAMW> op{v.s};
       float *const arr[4] = {v.w, v.g, v.s0, v.s1};
       stream_chunk<TEAM, 4, 0xDu>(arr, v.len, op); /* store w, m, v */
@@ -366,42 +446,30 @@ __device__ __forceinline__ void do_chunk(const mtopt__plan_t &p, int64_t c, Chun
         float *const arr[2] = {v.w, v.g};
         stream_chunk<TEAM, 2, 0x1u>(arr, v.len, op);
       }
-    } else { /* LAMB stage 1: moments, and the chunk's sums of w^2 and u^2 */
+    } else { /* LAMB stage 1: moments */
       LambMomentsOp op{v.s, 0.0f, 0.0f};
       float *const arr[4] = {v.w, v.g, v.s0, v.s1};
       stream_chunk<TEAM, 4, 0xCu>(arr, v.len, op); /* store m, v */
-      const float wsq = team_sum<TEAM>(op.wsq);
-      const float usq = team_sum<TEAM>(op.usq);
+      wsq = op.wsq;
+      usq = op.usq;
+    }
+    if constexpr (KIND == MTOPT__KIND_LAMB) {
+      wsq = team_sum<TEAM>(wsq);
+      usq = team_sum<TEAM>(usq);
       if (team_lane<TEAM>() == 0) {
         p.slot_wsq[c] = wsq;
         p.slot_usq[c] = usq;
       }
     }
   } else { /* LAMB_APPLY */
-    /* The tensor's norms from its slots: every chunk of the tensor reduces the
-     * same slots in the same order, so all of them use the same step. */
-    double wsq = 0.0, usq = 0.0;
-#pragma unroll 4
-    for (int64_t k = v.first_chunk + team_lane<TEAM>(); k < v.first_chunk + v.num_chunks;
-         k += TEAM) {
-      wsq += (double)p.slot_wsq[k];
-      usq += (double)p.slot_usq[k];
-    }
-    wsq = team_sum<TEAM>(wsq);
-    usq = team_sum<TEAM>(usq);
-    float step = 0.0f;
-    if (team_lane<TEAM>() == 0) step = mtopt__lamb_step(p.hyper, &v.s, (float)wsq, (float)usq);
-    if constexpr (TEAM == kBlock) {
-      __shared__ float shared_step;
-      if (threadIdx.x == 0) shared_step = step;
-      __syncthreads();
-      step = shared_step;
+    const float step = lamb_chunk_step<TEAM>(p, v);
+    if (!p.all_f32) {
+      mixed_lamb_apply<TEAM>(v, step);
     } else {
-      step = __shfl_sync(0xffffffffu, step, 0);
+      LambApplyOp op{v.s, step};
+      float *const arr[3] = {v.w, v.s0, v.s1};
+      stream_chunk<TEAM, 3, 0x1u>(arr, v.len, op); /* store w */
     }
-    LambApplyOp op{v.s, step};
-    float *const arr[3] = {v.w, v.s0, v.s1};
-    stream_chunk<TEAM, 3, 0x1u>(arr, v.len, op); /* store w */
   }
   team_sync<TEAM>(); /* v is reused by the team's next chunk */
 }

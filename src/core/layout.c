@@ -1,0 +1,85 @@
+/* Where the library's own arrays go: the state slab (moments or momentum
+ * buffers, then master weights, tensor by tensor) and one contiguous gradient
+ * buffer per gradient dtype (for tensors added with grad == NULL), and the
+ * tensor records that point into them. One function both counts the bytes
+ * (before allocation) and fills the records (after), so the two cannot
+ * disagree. */
+#include <string.h>
+
+#include "core.h"
+
+int64_t mtopt__place(int64_t off, int elsize, const void *param, int param_elsize) {
+  /* i0: the first element at which the parameter is 16-byte aligned. The
+   * array gets its 16-byte boundary at the same element, so that one vector
+   * path (a scalar prologue of i0 elements) serves every array of a chunk. */
+  const int64_t pr = (int64_t)((uintptr_t)param % 16u);
+  const int64_t i0 = ((16 - pr) % 16) / param_elsize;
+  const int64_t want = ((16 - (i0 * elsize) % 16) % 16); /* off mod 16 */
+  const int64_t have = off % 16;
+  return off + ((want - have) % 16 + 16) % 16;
+}
+
+int64_t mtopt__aligned_offset(int64_t offset, const void *w) {
+  return mtopt__place(offset * (int64_t)sizeof(float), (int)sizeof(float), w,
+                      (int)sizeof(float)) /
+         (int64_t)sizeof(float);
+}
+
+int mtopt__master_mode(const mtopt_optimizer_config_t *c, mtopt_dtype_t param_dtype) {
+  return param_dtype == MTOPT_DTYPE_F32 ? MTOPT__MASTER_NONE : (int)c->master_weights;
+}
+
+static int master_bytes(int mode) {
+  return mode == MTOPT__MASTER_F32 ? 4 : mode == MTOPT__MASTER_REMAINDER ? 2 : 0;
+}
+
+void mtopt__layout(const mtopt_tensor_list_t *list, const mtopt_optimizer_config_t *c,
+                   int nstate, char *slab, char *const grads[MTOPT__NUM_DTYPES],
+                   mtopt__tensor_rec_t *recs, mtopt__layout_t *size) {
+  const int se = mtopt__dt_size(c->state_dtype);
+  int64_t soff = 0, goff[MTOPT__NUM_DTYPES] = {0, 0, 0};
+  for (int64_t i = 0; i < list->count; i++) {
+    const mtopt_tensor_desc_t *d = &list->items[i].desc;
+    const int pe = mtopt__dt_size(d->param_dtype), ge = mtopt__dt_size(d->grad_dtype);
+    const int mode = mtopt__master_mode(c, d->param_dtype);
+    mtopt__tensor_rec_t r;
+    memset(&r, 0, sizeof r);
+    r.w = d->param;
+    r.g = d->grad;
+    r.numel = d->numel;
+    r.sr_tensor = (int32_t)i;
+    r.group = d->group;
+    r.flags = d->flags;
+    r.wdt = (uint8_t)d->param_dtype;
+    r.gdt = (uint8_t)d->grad_dtype;
+    r.sdt = (uint8_t)c->state_dtype;
+    r.mmode = (uint8_t)mode;
+    if (d->numel > 0) {
+      float **state[2] = {&r.s0, &r.s1};
+      for (int s = 0; s < nstate; s++) {
+        soff = mtopt__place(soff, se, d->param, pe);
+        if (slab) *state[s] = (float *)(slab + soff);
+        soff += d->numel * se;
+      }
+      if (mode != MTOPT__MASTER_NONE) {
+        const int me = master_bytes(mode);
+        soff = mtopt__place(soff, me, d->param, pe);
+        if (slab) r.mw = slab + soff;
+        soff += d->numel * me;
+      }
+      if (!d->grad) {
+        int64_t *g = &goff[d->grad_dtype];
+        *g = mtopt__place(*g, ge, d->param, pe);
+        if (grads && grads[d->grad_dtype]) r.g = (float *)(grads[d->grad_dtype] + *g);
+        *g += d->numel * ge;
+      }
+    }
+    if (recs) {
+      r.first_chunk = recs[i].first_chunk; /* the chunk table's, set before */
+      r.num_chunks = recs[i].num_chunks;
+      recs[i] = r;
+    }
+  }
+  size->slab = soff;
+  for (int k = 0; k < MTOPT__NUM_DTYPES; k++) size->grads[k] = goff[k];
+}
