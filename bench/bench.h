@@ -40,7 +40,29 @@ enum {
 };
 const char *bench_mode_name(int mode); /* as --modes spells it */
 
+/* A dtype configuration (--dtype): the dtypes of each tensor and the
+ * optimizer's master weights, state dtype and rounding. */
 typedef struct {
+  const char *name;
+  mtopt_dtype_t param, grad;
+  mtopt_master_t master;
+  mtopt_dtype_t state;
+  mtopt_rounding_t rounding;
+  /* A mixed table: tensors of fewer elements (biases, norms) stay F32, as
+   * models register them; 0: every tensor in param/grad. */
+  int64_t f32_below;
+} precision_t;
+
+/* The configurations --dtype knows (NULL-terminated by name), and the one of
+ * a name (NULL if none). */
+extern const precision_t bench_precisions[];
+const precision_t *bench_precision_find(const char *name);
+/* Tensor t's parameter and gradient dtypes under p. */
+void bench_tensor_dtypes(const precision_t *p, int64_t numel, mtopt_dtype_t *param,
+                         mtopt_dtype_t *grad);
+
+typedef struct {
+  const precision_t *prec;
   int cuda, device, threads;
   char **shapes;
   int nshapes;
@@ -68,9 +90,12 @@ typedef struct {
 
 #define NOTE(row, ...) snprintf((row)->note, sizeof (row)->note, __VA_ARGS__)
 
+/* Where each tensor sits: tensor t at element off[t] of a buffer of len
+ * elements. An array's elements are `slot` bytes (its largest dtype): a 16-bit
+ * tensor among fp32 ones (a mixed table) fills half its slots. */
 typedef struct {
-  int64_t *off; /* start of each tensor in the buffer, in floats */
-  int64_t len;  /* buffer length in floats */
+  int64_t *off; /* start of each tensor, in slots */
+  int64_t len;  /* buffer length, in slots */
 } layout_t;
 
 typedef struct bench_backend bench_backend_t;
@@ -79,7 +104,8 @@ typedef struct {
   const opts_t *o;
   const bench_backend_t *be;
   mtopt_context_t *ctx;
-  float *pat[2]; /* host patterns: weights, gradients */
+  float *pat[2];     /* host patterns: weights, gradients */
+  uint16_t *pat16[2]; /* the same, rounded to bf16 */
   int nthreads;  /* effective CPU threads */
   void *dev;     /* the backend's own state (CUDA: stream, patterns, staging) */
 } bench_t;
@@ -109,12 +135,14 @@ struct bench_backend {
   void *(*alloc)(bench_t *b, size_t bytes, row_t *row);
   void (*release)(bench_t *b, void *p);
   /* Copies len values of pattern `which` from position k to dst, maybe
-   * queued; fill_wait waits for the queued copies. */
-  int (*put)(bench_t *b, float *dst, int which, int64_t k, int64_t len, row_t *row);
+   * queued: fp32 (esize 4) or bf16 (esize 2); fill_wait waits for the queued
+   * copies. */
+  int (*put)(bench_t *b, void *dst, int which, int64_t k, int64_t len, int esize, row_t *row);
   int (*fill_wait)(bench_t *b, row_t *row);
-  /* Per-tensor hashes (bench_hash_range) of the weights in a layout. */
-  int (*hash)(bench_t *b, const float *buf, const bench_shape_t *s, const layout_t *L,
-              uint64_t *out, row_t *row);
+  /* Per-tensor hashes (bench_hash_bytes) of the weights in a layout: tensor t
+   * of esize[t]-byte elements at byte slot * L->off[t]. */
+  int (*hash)(bench_t *b, const void *buf, const bench_shape_t *s, const layout_t *L,
+              const uint8_t *esize, int slot, uint64_t *out, row_t *row);
   int (*sync)(bench_t *b, row_t *row);
   /* memcpy mode: fill the two buffers, then copy src to dst once a step. */
   int (*copy_prepare)(bench_t *b, stepper_t *sp, row_t *row);
@@ -151,13 +179,13 @@ void bench_run_mode(bench_t *b, const bench_shape_t *s, int mode, shape_state_t 
 double bench_now_s(void);
 double bench_median(double *x, int n);
 int bench_pool(double **dst, int *nd, const double *x, int n, row_t *row);
-int bench_patterns_make(float *pat[2]);
-uint64_t bench_hash_range(const float *x, int64_t n, int64_t base);
+int bench_patterns_make(float *pat[2], uint16_t *pat16[2]);
+uint64_t bench_hash_bytes(const void *x, int64_t n, int esize, int64_t base);
 int bench_layout_make(const bench_shape_t *s, int pooled, layout_t *L);
 float *bench_alloc(bench_t *b, int64_t n, row_t *row);
 void bench_free(bench_t *b, void *p);
-int bench_fill(bench_t *b, float *buf, const bench_shape_t *s, const layout_t *L, int which,
-               row_t *row);
+int bench_fill(bench_t *b, void *buf, const bench_shape_t *s, const layout_t *L, int which,
+               const uint8_t *esize, int slot, row_t *row);
 int bench_time_steps(bench_t *b, stepper_t *sp, int warmup, int iters, row_t *row);
 
 /* bench_report.c */

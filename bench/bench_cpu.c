@@ -42,17 +42,22 @@ static void *cpu_alloc(bench_t *b, size_t bytes, row_t *row) {
 
 static void cpu_release(bench_t *b, void *p) { free(p); }
 
-static int cpu_put(bench_t *b, float *dst, int which, int64_t k, int64_t len, row_t *row) {
-  memcpy(dst, b->pat[which] + k, (size_t)len * 4);
+static int cpu_put(bench_t *b, void *dst, int which, int64_t k, int64_t len, int esize,
+                   row_t *row) {
+  if (esize == 4)
+    memcpy(dst, b->pat[which] + k, (size_t)len * 4);
+  else
+    memcpy(dst, b->pat16[which] + k, (size_t)len * 2);
   return 0;
 }
 
 /* Nothing is queued on the CPU: every call has finished when it returns. */
 static int cpu_sync(bench_t *b, row_t *row) { return 0; }
 
-static int cpu_hash(bench_t *b, const float *buf, const bench_shape_t *s, const layout_t *L,
-                    uint64_t *out, row_t *row) {
-  for (int64_t t = 0; t < s->n; t++) out[t] = bench_hash_range(buf + L->off[t], s->numel[t], 0);
+static int cpu_hash(bench_t *b, const void *buf, const bench_shape_t *s, const layout_t *L,
+                    const uint8_t *esize, int slot, uint64_t *out, row_t *row) {
+  for (int64_t t = 0; t < s->n; t++)
+    out[t] = bench_hash_bytes((const char *)buf + L->off[t] * slot, s->numel[t], esize[t], 0);
   return 0;
 }
 

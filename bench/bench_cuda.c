@@ -16,7 +16,8 @@
 
 typedef struct {
   cudaStream_t stream;
-  float *dpat[2]; /* the patterns on the device */
+  float *dpat[2];      /* the patterns on the device */
+  uint16_t *dpat16[2]; /* and in bf16 */
   float *staging; /* pinned, STAGING_N floats: the way weights come back */
 } cuda_state_t;
 
@@ -49,6 +50,9 @@ static int cuda_setup(bench_t *b) {
     if (e == cudaSuccess)
       e = cudaMemcpy(c->dpat[i], b->pat[i], (size_t)PATTERN_N * sizeof(float),
                      cudaMemcpyHostToDevice);
+    if (e == cudaSuccess) e = cudaMalloc((void **)&c->dpat16[i], (size_t)PATTERN_N * 2);
+    if (e == cudaSuccess)
+      e = cudaMemcpy(c->dpat16[i], b->pat16[i], (size_t)PATTERN_N * 2, cudaMemcpyHostToDevice);
   }
   if (e == cudaSuccess) e = cudaMallocHost((void **)&c->staging, (size_t)STAGING_N * 4);
   if (e != cudaSuccess) {
@@ -61,8 +65,10 @@ static int cuda_setup(bench_t *b) {
 static void cuda_teardown(bench_t *b) {
   cuda_state_t *c = b->dev;
   if (!c) return;
-  cudaFree(c->dpat[0]);
-  cudaFree(c->dpat[1]);
+  for (int i = 0; i < 2; i++) {
+    cudaFree(c->dpat[i]);
+    cudaFree(c->dpat16[i]);
+  }
   cudaFreeHost(c->staging);
   if (c->stream) cudaStreamDestroy(c->stream);
   free(c);
@@ -89,9 +95,12 @@ static void *cuda_alloc(bench_t *b, size_t bytes, row_t *row) {
 
 static void cuda_release(bench_t *b, void *p) { cudaFree(p); }
 
-static int cuda_put(bench_t *b, float *dst, int which, int64_t k, int64_t len, row_t *row) {
+static int cuda_put(bench_t *b, void *dst, int which, int64_t k, int64_t len, int esize,
+                    row_t *row) {
   const cuda_state_t *c = b->dev;
-  const cudaError_t e = cudaMemcpyAsync(dst, c->dpat[which] + k, (size_t)len * 4,
+  const void *src = esize == 4 ? (const void *)(c->dpat[which] + k)
+                               : (const void *)(c->dpat16[which] + k);
+  const cudaError_t e = cudaMemcpyAsync(dst, src, (size_t)(len * esize),
                                         cudaMemcpyDeviceToDevice, c->stream);
   if (e != cudaSuccess) {
     NOTE(row, "fill: cudaMemcpyAsync: %s", cudaGetErrorString(e));
@@ -119,9 +128,11 @@ static int cuda_sync(bench_t *b, row_t *row) {
 
 /* Through the pinned staging buffer: runs of small tensors in one copy, big
  * tensors in pieces. */
-static int cuda_hash(bench_t *b, const float *buf, const bench_shape_t *s, const layout_t *L,
-                     uint64_t *out, row_t *row) {
+static int cuda_hash(bench_t *b, const void *buf, const bench_shape_t *s, const layout_t *L,
+                     const uint8_t *esize, int slot, uint64_t *out, row_t *row) {
   const cuda_state_t *c = b->dev;
+  const char *base = buf;
+  const char *stage = (const char *)c->staging;
   cudaError_t e = cudaSuccess;
   int64_t t = 0;
   while (t < s->n && e == cudaSuccess) {
@@ -129,9 +140,9 @@ static int cuda_hash(bench_t *b, const float *buf, const bench_shape_t *s, const
       out[t] = 0;
       for (int64_t j = 0; j < s->numel[t] && e == cudaSuccess; j += STAGING_N) {
         const int64_t len = s->numel[t] - j < STAGING_N ? s->numel[t] - j : STAGING_N;
-        e = cudaMemcpy(c->staging, buf + L->off[t] + j, (size_t)len * 4,
-                       cudaMemcpyDeviceToHost);
-        if (e == cudaSuccess) out[t] += bench_hash_range(c->staging, len, j);
+        e = cudaMemcpy(c->staging, base + L->off[t] * slot + j * esize[t],
+                       (size_t)(len * esize[t]), cudaMemcpyDeviceToHost);
+        if (e == cudaSuccess) out[t] += bench_hash_bytes(c->staging, len, esize[t], j);
       }
       t++;
       continue;
@@ -140,11 +151,11 @@ static int cuda_hash(bench_t *b, const float *buf, const bench_shape_t *s, const
     while (u < s->n && s->numel[u] <= STAGING_N / 2 &&
            L->off[u] + s->numel[u] - L->off[t] <= STAGING_N)
       u++;
-    e = cudaMemcpy(c->staging, buf + L->off[t],
-                   (size_t)(L->off[u - 1] + s->numel[u - 1] - L->off[t]) * 4,
+    e = cudaMemcpy(c->staging, base + L->off[t] * slot,
+                   (size_t)((L->off[u - 1] + s->numel[u - 1] - L->off[t]) * slot),
                    cudaMemcpyDeviceToHost);
     for (int64_t i = t; i < u && e == cudaSuccess; i++)
-      out[i] = bench_hash_range(c->staging + (L->off[i] - L->off[t]), s->numel[i], 0);
+      out[i] = bench_hash_bytes(stage + (L->off[i] - L->off[t]) * slot, s->numel[i], esize[i], 0);
     t = u;
   }
   if (e != cudaSuccess) {

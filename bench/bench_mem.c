@@ -64,25 +64,36 @@ static void make_pattern(float *x, int64_t n, uint64_t seed, float lo) {
   }
 }
 
-int bench_patterns_make(float *pat[2]) {
+/* bf16 of x, to nearest even (the patterns are finite). */
+static uint16_t to_bf16(float x) {
+  uint32_t b;
+  memcpy(&b, &x, 4);
+  return (uint16_t)((b + 0x7fffu + ((b >> 16) & 1u)) >> 16);
+}
+
+int bench_patterns_make(float *pat[2], uint16_t *pat16[2]) {
   for (int i = 0; i < 2; i++) {
     pat[i] = malloc((size_t)PATTERN_N * sizeof(float));
-    if (!pat[i]) return -1;
+    pat16[i] = malloc((size_t)PATTERN_N * sizeof(uint16_t));
+    if (!pat[i] || !pat16[i]) return -1;
   }
   /* Weights in ±[0.1, 1), gradients in ±[0.01, 1): never zero. */
   make_pattern(pat[0], PATTERN_N, 0x5EED0001ull, 0.1f);
   make_pattern(pat[1], PATTERN_N, 0x5EED0002ull, 0.01f);
+  for (int i = 0; i < 2; i++)
+    for (int64_t j = 0; j < PATTERN_N; j++) pat16[i][j] = to_bf16(pat[i][j]);
   return 0;
 }
 
-/* Order-free hash of one tensor's bits: any changed element changes it with
- * overwhelming probability, and pieces can be summed in any order. */
-uint64_t bench_hash_range(const float *x, int64_t n, int64_t base) {
+/* Order-free hash of one tensor's bits (n elements of esize bytes): any
+ * changed element changes it with overwhelming probability, and pieces can
+ * be summed in any order. */
+uint64_t bench_hash_bytes(const void *x, int64_t n, int esize, int64_t base) {
   uint64_t h = 0;
 #pragma omp parallel for reduction(+ : h) schedule(static) if (n > 262144)
   for (int64_t j = 0; j < n; j++) {
-    uint32_t bits;
-    memcpy(&bits, &x[j], 4);
+    uint32_t bits = 0;
+    memcpy(&bits, (const char *)x + j * esize, (size_t)esize);
     uint64_t z = (uint64_t)bits + (uint64_t)(base + j + 1) * 0x9E3779B97F4A7C15ull;
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
     z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
@@ -115,16 +126,16 @@ void bench_free(bench_t *b, void *p) {
 }
 
 /* Writes the pattern stream `which` into every tensor of the layout. */
-int bench_fill(bench_t *b, float *buf, const bench_shape_t *s, const layout_t *L, int which,
-               row_t *row) {
+int bench_fill(bench_t *b, void *buf, const bench_shape_t *s, const layout_t *L, int which,
+               const uint8_t *esize, int slot, row_t *row) {
   int64_t ps = 0; /* position in the stream */
   for (int64_t t = 0; t < s->n; t++) {
     int64_t k = ps % PATTERN_N, rem = s->numel[t];
-    float *dst = buf + L->off[t];
+    char *dst = (char *)buf + L->off[t] * slot;
     while (rem > 0) {
       const int64_t len = rem < PATTERN_N - k ? rem : PATTERN_N - k;
-      if (b->be->put(b, dst, which, k, len, row)) return -1;
-      dst += len;
+      if (b->be->put(b, dst, which, k, len, esize[t], row)) return -1;
+      dst += len * esize[t];
       rem -= len;
       k = 0;
     }

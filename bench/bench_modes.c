@@ -38,12 +38,55 @@ static int step_copy(bench_t *b, stepper_t *sp, row_t *row) {
   return b->be->copy_step(b, sp, row);
 }
 
+/* ------------------------------------------------------- dtype configs -- */
+
+/* Every config's bytes per parameter come from get_info, like fp32's. */
+const precision_t bench_precisions[] = {
+    {"f32", MTOPT_DTYPE_F32, MTOPT_DTYPE_F32, MTOPT_MASTER_NONE, MTOPT_DTYPE_F32,
+     MTOPT_ROUNDING_NEAREST, 0},
+    {"bf16-master", MTOPT_DTYPE_BF16, MTOPT_DTYPE_BF16, MTOPT_MASTER_F32, MTOPT_DTYPE_F32,
+     MTOPT_ROUNDING_NEAREST, 0},
+    {"bf16-remainder", MTOPT_DTYPE_BF16, MTOPT_DTYPE_BF16, MTOPT_MASTER_REMAINDER,
+     MTOPT_DTYPE_F32, MTOPT_ROUNDING_NEAREST, 0},
+    {"bf16-nearest", MTOPT_DTYPE_BF16, MTOPT_DTYPE_BF16, MTOPT_MASTER_NONE, MTOPT_DTYPE_F32,
+     MTOPT_ROUNDING_NEAREST, 0},
+    {"bf16-sr", MTOPT_DTYPE_BF16, MTOPT_DTYPE_BF16, MTOPT_MASTER_NONE, MTOPT_DTYPE_F32,
+     MTOPT_ROUNDING_STOCHASTIC, 0},
+    {"bf16-all", MTOPT_DTYPE_BF16, MTOPT_DTYPE_BF16, MTOPT_MASTER_NONE, MTOPT_DTYPE_BF16,
+     MTOPT_ROUNDING_NEAREST, 0},
+    {"bf16-all-sr", MTOPT_DTYPE_BF16, MTOPT_DTYPE_BF16, MTOPT_MASTER_NONE, MTOPT_DTYPE_BF16,
+     MTOPT_ROUNDING_STOCHASTIC, 0},
+    {"f32-bf16grad", MTOPT_DTYPE_F32, MTOPT_DTYPE_BF16, MTOPT_MASTER_NONE, MTOPT_DTYPE_F32,
+     MTOPT_ROUNDING_NEAREST, 0},
+    /* bf16 matrices with fp32 masters, fp32 vectors (under 65536 elements) */
+    {"mixed-table", MTOPT_DTYPE_BF16, MTOPT_DTYPE_BF16, MTOPT_MASTER_F32, MTOPT_DTYPE_F32,
+     MTOPT_ROUNDING_NEAREST, 65536},
+    {NULL, MTOPT_DTYPE_F32, MTOPT_DTYPE_F32, MTOPT_MASTER_NONE, MTOPT_DTYPE_F32,
+     MTOPT_ROUNDING_NEAREST, 0}};
+
+const precision_t *bench_precision_find(const char *name) {
+  for (const precision_t *p = bench_precisions; p->name; p++)
+    if (strcmp(p->name, name) == 0) return p;
+  return NULL;
+}
+
+void bench_tensor_dtypes(const precision_t *p, int64_t numel, mtopt_dtype_t *param,
+                         mtopt_dtype_t *grad) {
+  const int f32 = numel < p->f32_below;
+  *param = f32 ? MTOPT_DTYPE_F32 : p->param;
+  *grad = f32 ? MTOPT_DTYPE_F32 : p->grad;
+}
+
+static int dtype_size(mtopt_dtype_t d) { return d == MTOPT_DTYPE_F32 ? 4 : 2; }
+
 /* ------------------------------------------------- one optimizer's run -- */
 
 /* What a mode that steps optimizers holds while it runs. */
 typedef struct {
   layout_t L;
   float *w, *g;
+  uint8_t *wes, *ges; /* per tensor of the shape: bytes per weight, per gradient */
+  int wslot, gslot;   /* bytes per layout slot of w and g (layout_t) */
   mtopt_tensor_list_t **lists;
   mtopt_optimizer_t **opts;
   int64_t nopt;
@@ -55,6 +98,10 @@ static mtopt_optimizer_config_t make_config(const opts_t *o, int mixed) {
   mtopt_optimizer_config_t c = MTOPT_OPTIMIZER_CONFIG_INIT;
   c.kind = o->kind;
   c.chunk_size = o->chunk_size;
+  c.master_weights = o->prec->master;
+  c.state_dtype = o->prec->state;
+  c.rounding = o->prec->rounding;
+  c.seed = 1;
   if (o->kind == MTOPT_OPTIMIZER_SGD) {
     c.lr = 1e-2f;
     c.momentum = 0.9f; /* the common case, and a state buffer to move */
@@ -67,14 +114,21 @@ static mtopt_optimizer_config_t make_config(const opts_t *o, int mixed) {
   return c;
 }
 
-/* One optimizer over tensors [t0, t1) of the layout. */
-static mtopt_status_t make_opt(bench_t *b, const bench_shape_t *s, const layout_t *L, float *w,
-                               float *g, int64_t t0, int64_t t1,
+/* One optimizer over tensors [t0, t1) of the layout (slots of r->wslot and
+ * r->gslot bytes). */
+static mtopt_status_t make_opt(bench_t *b, const bench_shape_t *s, const layout_t *L,
+                               const run_t *r, int64_t t0, int64_t t1,
                                const mtopt_optimizer_config_t *cfg, mtopt_tensor_list_t **list,
                                mtopt_optimizer_t **opt) {
   mtopt_status_t st = mtopt_tensor_list_create(b->ctx, list);
-  for (int64_t t = t0; t < t1 && st == MTOPT_STATUS_SUCCESS; t++)
-    st = mtopt_tensor_list_add_f32(*list, w + L->off[t], g + L->off[t], s->numel[t], 0u, NULL);
+  for (int64_t t = t0; t < t1 && st == MTOPT_STATUS_SUCCESS; t++) {
+    mtopt_tensor_desc_t d = MTOPT_TENSOR_DESC_INIT;
+    d.param = (char *)r->w + L->off[t] * r->wslot;
+    d.grad = (char *)r->g + L->off[t] * r->gslot;
+    d.numel = s->numel[t];
+    bench_tensor_dtypes(b->o->prec, s->numel[t], &d.param_dtype, &d.grad_dtype);
+    st = mtopt_tensor_list_add(*list, &d, NULL);
+  }
   if (st == MTOPT_STATUS_SUCCESS) st = mtopt_optimizer_create(b->ctx, *list, cfg, opt);
   return st;
 }
@@ -89,10 +143,28 @@ static int run_alloc(bench_t *b, const bench_shape_t *s, int pooled, int64_t nop
     NOTE(row, "out of host memory");
     return -1;
   }
-  r->w = bench_alloc(b, r->L.len, row);
-  if (r->w) r->g = bench_alloc(b, r->L.len, row);
+  r->wes = malloc((size_t)(s->n ? s->n : 1));
+  r->ges = malloc((size_t)(s->n ? s->n : 1));
+  if (!r->wes || !r->ges) {
+    NOTE(row, "out of host memory");
+    return -1;
+  }
+  r->wslot = r->gslot = 2;
+  for (int64_t t = 0; t < s->n; t++) {
+    mtopt_dtype_t pd, gd;
+    bench_tensor_dtypes(b->o->prec, s->numel[t], &pd, &gd);
+    r->wes[t] = (uint8_t)dtype_size(pd);
+    r->ges[t] = (uint8_t)dtype_size(gd);
+    if (r->wes[t] > r->wslot) r->wslot = r->wes[t];
+    if (r->ges[t] > r->gslot) r->gslot = r->ges[t];
+  }
+  /* bench_alloc counts floats */
+  r->w = bench_alloc(b, (r->L.len * r->wslot + 3) / 4, row);
+  if (r->w) r->g = bench_alloc(b, (r->L.len * r->gslot + 3) / 4, row);
   if (!r->g) return -1;
-  if (bench_fill(b, r->w, s, &r->L, 0, row) || bench_fill(b, r->g, s, &r->L, 1, row)) return -1;
+  if (bench_fill(b, r->w, s, &r->L, 0, r->wes, r->wslot, row) ||
+      bench_fill(b, r->g, s, &r->L, 1, r->ges, r->gslot, row))
+    return -1;
   r->nopt = nopt;
   r->lists = calloc((size_t)nopt, sizeof *r->lists);
   r->opts = calloc((size_t)nopt, sizeof *r->opts);
@@ -112,7 +184,7 @@ static int run_build(bench_t *b, run_t *r, const bench_shape_t *v, const layout_
   const mtopt_optimizer_config_t cfg = make_config(b->o, mixed);
   for (int64_t i = 0; i < r->nopt; i++) {
     const mtopt_status_t st =
-        make_opt(b, v, VL, r->w, r->g, i * per, (i + 1) * per, &cfg, &r->lists[i], &r->opts[i]);
+        make_opt(b, v, VL, r, i * per, (i + 1) * per, &cfg, &r->lists[i], &r->opts[i]);
     if (st != MTOPT_STATUS_SUCCESS) {
       NOTE(row, "building the optimizer -> %s: %s", mtopt_status_name(st), mtopt_last_error());
       return -1;
@@ -140,6 +212,8 @@ static void run_free(bench_t *b, run_t *r) {
   free(r->opts);
   free(r->lists);
   free(r->h);
+  free(r->wes);
+  free(r->ges);
   bench_free(b, r->w);
   bench_free(b, r->g);
   free(r->L.off);
@@ -173,7 +247,7 @@ static int run_check(bench_t *b, const bench_shape_t *s, run_t *r, shape_state_t
                      row_t *row, int round) {
   if (round > 0 || !b->o->check) return 0;
   if (r->sp.step(b, &r->sp, row) || b->be->sync(b, row)) return -1;
-  if (b->be->hash(b, r->w, s, &r->L, r->h, row)) return -1;
+  if (b->be->hash(b, r->w, s, &r->L, r->wes, r->wslot, r->h, row)) return -1;
   return compare_to_ref(ss, r->h, s, row);
 }
 
@@ -200,16 +274,22 @@ static int run_check_skipped(bench_t *b, run_t *r, row_t *row) {
 /* ---------------------------------------------------------------- modes -- */
 
 /* flat: one optimizer over one tensor of the total element count, back to
- * back in one buffer. LAMB's trust ratio is per tensor, so flat computes
- * other values there: no check. */
+ * back in one buffer. LAMB's trust ratio is per tensor and stochastic
+ * rounding keys its bits on the tensor, so flat computes other values there:
+ * no check. */
 static void run_flat(bench_t *b, const bench_mode_t *m, const bench_shape_t *s,
                      shape_state_t *ss, row_t *row, int round) {
   int64_t n1 = s->total, off0 = 0;
   const bench_shape_t one = {.n = 1, .numel = &n1, .total = s->total};
   const layout_t L1 = {&off0, s->total};
   run_t r = {0};
+  if (b->o->prec->f32_below > 0) { /* one tensor has one dtype */
+    NOTE(row, "a mixed table has no one-tensor equivalent");
+    row->check = "n/a";
+    return;
+  }
   if (run_alloc(b, s, 0, 1, &r, row) || run_build(b, &r, &one, &L1, 1, 0, ss, row)) goto done;
-  if (b->o->kind != MTOPT_OPTIMIZER_LAMB) {
+  if (b->o->kind != MTOPT_OPTIMIZER_LAMB && b->o->prec->rounding != MTOPT_ROUNDING_STOCHASTIC) {
     if (run_check(b, s, &r, ss, row, round)) goto done;
   } else if (round == 0 && b->o->check) {
     row->check = "n/a";
@@ -235,7 +315,12 @@ static void run_loop(bench_t *b, const bench_mode_t *m, const bench_shape_t *s,
   }
   run_t r = {0};
   if (run_alloc(b, s, 1, s->n, &r, row) || run_build(b, &r, s, &r.L, 1, 0, ss, row)) goto done;
-  if (run_check(b, s, &r, ss, row, round)) goto done;
+  if (b->o->prec->rounding == MTOPT_ROUNDING_STOCHASTIC) {
+    /* the bits are keyed by tensor index: each optimizer's tensor is its 0 */
+    if (round == 0 && b->o->check) row->check = "n/a";
+  } else if (run_check(b, s, &r, ss, row, round)) {
+    goto done;
+  }
   if (bench_time_steps(b, &r.sp, warmup, iters, row)) goto done;
   row->ok = 1;
 done:

@@ -85,10 +85,10 @@ static const char *kind_name(mtopt_optimizer_kind_t k) {
 void bench_print_header(const opts_t *o, const meta_t *m, int nthreads) {
   printf("# mtopt_bench %s  commit %s  %s\n", mtopt_version_string(),
          m->commit[0] ? m->commit : "unknown", m->date);
-  printf("# backend %s  device %s  threads %d  optimizer %s  iters %d  warmup %d  "
+  printf("# backend %s  device %s  threads %d  optimizer %s  dtype %s  iters %d  warmup %d  "
          "check %d  graph %d  repeat %d\n",
-         o->cuda ? "cuda" : "cpu", m->device, nthreads, kind_name(o->kind), o->iters,
-         o->warmup, o->check, o->graph, o->repeat);
+         o->cuda ? "cuda" : "cpu", m->device, nthreads, kind_name(o->kind), o->prec->name,
+         o->iters, o->warmup, o->check, o->graph, o->repeat);
   printf("#\n"
          "# ms/step   median over all samples of the time of one step (CPU: wall clock around the\n"
          "#           call; CUDA: cudaEvents around K back-to-back steps, divided by K)\n"
@@ -199,10 +199,11 @@ static void json_meta(FILE *f, const opts_t *o, const meta_t *m, int nthreads) {
   fprintf(f, ", \"loadavg_end\": ");
   json_str(f, m->load_end);
   fprintf(f,
-          ", \"threads\": %d, \"optimizer\": \"%s\", \"iters\": %d, \"warmup\": %d, "
-          "\"check\": %d, \"graph\": %d, \"repeat\": %d, \"chunk_size\": %lld},\n",
-          nthreads, kind_name(o->kind), o->iters, o->warmup, o->check, o->graph, o->repeat,
-          (long long)o->chunk_size);
+          ", \"threads\": %d, \"optimizer\": \"%s\", \"dtype\": \"%s\", \"iters\": %d, "
+          "\"warmup\": %d, \"check\": %d, \"graph\": %d, \"repeat\": %d, "
+          "\"chunk_size\": %lld},\n",
+          nthreads, kind_name(o->kind), o->prec->name, o->iters, o->warmup, o->check, o->graph,
+          o->repeat, (long long)o->chunk_size);
 }
 
 static void json_row(FILE *f, const row_t *r) {

@@ -69,6 +69,9 @@ static void usage(FILE *f) {
           "                          file:PATH; comma list or repeated (default: cpu\n"
           "                          gpt2,many-4096; cuda all five)\n"
           "  --optimizer adamw|adam|sgd|lamb   (default adamw)\n"
+          "  --dtype NAME            f32 (default), bf16-master, bf16-remainder,\n"
+          "                          bf16-nearest, bf16-sr, bf16-all, bf16-all-sr,\n"
+          "                          f32-bf16grad, mixed-table (docs/benchmarks.md)\n"
           "  --modes LIST            fused,loop,flat,mixed,graph,memcpy (default all;\n"
           "                          graph = graph and graph-mixed, CUDA only)\n"
           "  --iters N               timed steps (default 20)\n"
@@ -146,12 +149,13 @@ static int parse_modes(const char *arg, opts_t *o) {
   return bad ? -1 : 0;
 }
 
-enum { O_BACKEND = 256, O_SHAPES, O_OPT, O_ITERS, O_WARMUP, O_CHECK, O_GRAPH, O_JSON,
+enum { O_BACKEND = 256, O_SHAPES, O_OPT, O_DTYPE, O_ITERS, O_WARMUP, O_CHECK, O_GRAPH, O_JSON,
        O_CSV, O_THREADS, O_MODES, O_LOOPITERS, O_DEVICE, O_CHUNK, O_REPEAT, O_HELP };
 
 static const struct option longopts[] = {
     {"backend", required_argument, 0, O_BACKEND}, {"shapes", required_argument, 0, O_SHAPES},
     {"optimizer", required_argument, 0, O_OPT},   {"iters", required_argument, 0, O_ITERS},
+    {"dtype", required_argument, 0, O_DTYPE},
     {"warmup", required_argument, 0, O_WARMUP},   {"check", required_argument, 0, O_CHECK},
     {"graph", required_argument, 0, O_GRAPH},     {"json", required_argument, 0, O_JSON},
     {"csv", required_argument, 0, O_CSV},         {"threads", required_argument, 0, O_THREADS},
@@ -172,6 +176,7 @@ static int parse_opt(int c, const char *arg, opts_t *o, int *modes_given) {
     return 0;
   case O_SHAPES: return add_shapes(o, arg);
   case O_OPT: return parse_kind(arg, &o->kind);
+  case O_DTYPE: o->prec = bench_precision_find(arg); return o->prec ? 0 : -1;
   case O_ITERS: return parse_int(arg, 1, MAX_ITERS, &o->iters);
   case O_WARMUP: return parse_int(arg, 0, MAX_ITERS, &o->warmup);
   case O_REPEAT: return parse_int(arg, 1, 1000, &o->repeat);
@@ -196,7 +201,7 @@ static int parse_opt(int c, const char *arg, opts_t *o, int *modes_given) {
 /* The options and their defaults: 0, 1 after --help, -1 on a bad one. */
 static int parse_args(int argc, char **argv, opts_t *o) {
   const mtopt_optimizer_config_t cfg = MTOPT_OPTIMIZER_CONFIG_INIT;
-  *o = (opts_t){.kind = MTOPT_OPTIMIZER_ADAMW, .iters = 20, .warmup = -1, .check = 1,
+  *o = (opts_t){.prec = &bench_precisions[0], .kind = MTOPT_OPTIMIZER_ADAMW, .iters = 20, .warmup = -1, .check = 1,
                 .graph = 1, .loop_iters = 0, .repeat = 1, .chunk_size = cfg.chunk_size};
   int c, bad = 0, modes_given = 0;
   while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
@@ -240,7 +245,7 @@ static int bench_open(bench_t *b) {
             mtopt_last_error());
     return -1;
   }
-  if (bench_patterns_make(b->pat)) {
+  if (bench_patterns_make(b->pat, b->pat16)) {
     fprintf(stderr, "mtopt_bench: out of host memory\n");
     return -1;
   }
@@ -248,8 +253,10 @@ static int bench_open(bench_t *b) {
 }
 
 static void bench_close(bench_t *b) {
-  free(b->pat[0]);
-  free(b->pat[1]);
+  for (int i = 0; i < 2; i++) {
+    free(b->pat[i]);
+    free(b->pat16[i]);
+  }
   mtopt_context_destroy(b->ctx);
   b->be->teardown(b);
 }

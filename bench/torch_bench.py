@@ -13,6 +13,17 @@ The baselines that bench/compare.py puts next to mtopt_bench's rows:
   gradscaler   the mixed-precision step users write: GradScaler.unscale_ +
                clip_grad_norm_(1.0) + scaler.step(fused AdamW) + scaler.update()
 
+Mixed-precision baselines (not in the default --modes; mtopt_bench --dtype
+bf16-all and bf16-master are their counterparts):
+
+  bf16-fused          AdamW(fused=True) on bf16 params and gradients (its
+                      state is bf16 too): 14 B/param by mtopt's count
+  bf16-fused-graph    the same, captured in a CUDA graph
+  master-recipe       bf16 params and gradients with fp32 masters: upcast the
+                      gradients into the masters' .grad, fused AdamW on the
+                      masters, copy the masters into the bf16 params: 28 B/param
+  master-recipe-graph the same, captured in a CUDA graph
+
 Same flags and columns as mtopt_bench (--shapes, --iters, --warmup, --json,
 ...). Timing: torch.cuda.Event pairs around K back-to-back steps (K > 1 only
 for steps under 0.25 ms), median over iters; host_us is the median host time
@@ -41,9 +52,11 @@ except ImportError:  # shapes and helpers stay importable without it
     torch = None
 
 MODES = ["flat", "forloop", "foreach", "fused", "fused-graph", "gradscaler"]
+MIXED_MODES = ["bf16-fused", "bf16-fused-graph", "master-recipe", "master-recipe-graph"]
+BPP_MODE = {"gradscaler": 32, "bf16-fused": 14, "bf16-fused-graph": 14, "master-recipe": 28,
+            "master-recipe-graph": 28}
 ALL_SHAPES = ["gpt2", "gpt2-xl", "llama-1.1b", "many-4096", "many-mixed"]
 BPP_ADAMW = 28  # read w, g, m, v; write w, m, v (fp32)
-BPP_MIXED = 32  # + one more read of g for the norm / inf check
 DEVICE = "cuda"
 
 
@@ -207,14 +220,30 @@ def rand_nonzero(total, lo, gen):
     return out
 
 
-def make_params(numels, w_src, g_src, grad_scale=1.0):
+def make_params(numels, w_src, g_src, grad_scale=1.0, dtype=None):
     """Separate tensors, as a model has them (each its own allocation)."""
     params = []
     for w, g in zip(w_src.split(numels), g_src.split(numels)):
-        p = torch.nn.Parameter(w.clone())
-        p.grad = g.clone() if grad_scale == 1.0 else g.clone().mul_(grad_scale)
+        p = torch.nn.Parameter(w.clone() if dtype is None else w.to(dtype))
+        g = g.clone() if grad_scale == 1.0 else g.clone().mul_(grad_scale)
+        p.grad = g if dtype is None else g.to(dtype)
         params.append(p)
     return params
+
+
+def graphed(step):
+    """One step captured in a CUDA graph, after warm-up steps on a side stream
+    (the documented recipe: capturable optimizers make their state lazily)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    return graph
 
 
 # ----------------------------------------------------------------- modes --
@@ -234,18 +263,35 @@ def build(mode, numels, w_src, g_src, lr):
     if mode == "fused-graph":
         params = make_params(numels, w_src, g_src)
         opt = torch.optim.AdamW(params, lr=lr, fused=True, capturable=True)
-        # State is created lazily by the first steps: warm up on a side stream
-        # (the documented recipe), then capture one step.
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(3):
-                opt.step()
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            opt.step()
+        graph = graphed(opt.step)
         return graph.replay, [params, opt, graph], BPP_ADAMW, None
+    if mode in ("bf16-fused", "bf16-fused-graph"):
+        params = make_params(numels, w_src, g_src, dtype=torch.bfloat16)
+        graph_it = mode.endswith("graph")
+        opt = torch.optim.AdamW(params, lr=lr, fused=True, capturable=graph_it)
+        if not graph_it:
+            return opt.step, [params, opt], BPP_MODE[mode], None
+        graph = graphed(opt.step)
+        return graph.replay, [params, opt, graph], BPP_MODE[mode], None
+    if mode in ("master-recipe", "master-recipe-graph"):
+        model = make_params(numels, w_src, g_src, dtype=torch.bfloat16)
+        masters = [torch.nn.Parameter(p.detach().float()) for p in model]
+        for m in masters:
+            m.grad = torch.empty_like(m)
+        graph_it = mode.endswith("graph")
+        opt = torch.optim.AdamW(masters, lr=lr, fused=True, capturable=graph_it)
+        grads16, grads32 = [p.grad for p in model], [m.grad for m in masters]
+        data16 = [p.data for p in model]
+
+        def step():
+            torch._foreach_copy_(grads32, grads16)
+            opt.step()
+            torch._foreach_copy_(data16, masters)
+
+        if not graph_it:
+            return step, [model, masters, opt], BPP_MODE[mode], None
+        graph = graphed(step)
+        return graph.replay, [model, masters, opt, graph], BPP_MODE[mode], None
     if mode == "gradscaler":
         # Gradients scaled to a global norm of 0.5 and a loss scale of 1: both
         # unscale_ and clip_grad_norm_ then multiply by exactly 1, so the
@@ -268,7 +314,7 @@ def build(mode, numels, w_src, g_src, lr):
             s = scaler.get_scale()
             return 0 if s >= 1.0 else None
 
-        return step, [params, opt, scaler], BPP_MIXED, checker
+        return step, [params, opt, scaler], BPP_MODE[mode], checker
     raise ValueError(mode)
 
 
@@ -302,7 +348,8 @@ def main():
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", action="append", default=[],
                     help="gpt2,gpt2-xl,llama-1.1b,many-4096,many-mixed,file:PATH (default all)")
-    ap.add_argument("--modes", default=",".join(MODES), help="default: " + ",".join(MODES))
+    ap.add_argument("--modes", default=",".join(MODES),
+                    help="default: " + ",".join(MODES) + "; also " + ",".join(MIXED_MODES))
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--loop-iters", type=int, default=3,
@@ -323,10 +370,11 @@ def main():
     shapes = split_shapes(args.shapes) or ALL_SHAPES
     modes = [m for m in args.modes.split(",") if m]
     for m in modes:
-        if m not in MODES:
-            print(f"torch_bench: unknown mode '{m}' ({', '.join(MODES)})", file=sys.stderr)
+        if m not in MODES + MIXED_MODES:
+            print(f"torch_bench: unknown mode '{m}' ({', '.join(MODES + MIXED_MODES)})",
+                  file=sys.stderr)
             return 2
-    modes = [m for m in MODES if m in modes]  # flat first: the floor column
+    modes = [m for m in MODES + MIXED_MODES if m in modes]  # flat first: the floor column
     props = torch.cuda.get_device_properties(args.device)
     meta = {
         "tool": "torch_bench",
@@ -368,7 +416,7 @@ def main():
         for mode in modes:
             row = {"shape": shape, "mode": mode, "impl": "torch", "tensors": len(numels),
                    "params": total, "ms": None, "launches_per_step": None,
-                   "bytes_per_param": BPP_MIXED if mode == "gradscaler" else BPP_ADAMW,
+                   "bytes_per_param": BPP_MODE.get(mode, BPP_ADAMW),
                    "gbps": None, "frac_of_flat": None, "host_us": None, "iters": 0,
                    "steps_per_sample": 1, "check": "-", "skipped": None, "ok": False,
                    "note": ""}
