@@ -29,7 +29,8 @@
 #   GPU_RUN_BUDGET=560          total seconds
 #   GPU_RUN_SKIP="a,b"          steps to skip, GPU_RUN_ONLY="a,b" steps to run
 #                               (deps configure build ctest_cuda ctest_mpi
-#                               mtopt_bench torch_bench compare mnist_gpu
+#                               mtopt_bench torch_bench mtopt_bench_dtypes
+#                               torch_bench_dtypes compare mnist_gpu
 #                               dist_bench ctest_cpu multi_dist_test
 #                               multi_dist_bench multi_nccl_ref multi_mnist
 #                               ncu_small memcheck racecheck)
@@ -194,6 +195,16 @@ step mtopt_bench 240 "$BUILD/bench/mtopt_bench" --backend cuda \
 # shellcheck disable=SC2086
 step torch_bench 240 python3 "$ROOT/bench/torch_bench.py" --iters 20 --warmup 5 --loop-iters 3 \
   --json "$OUT/torch_bench.json" --csv "$LOGS/torch_bench.csv" ${TORCH_ARGS:-}
+# Mixed precision: every --dtype configuration on two large shapes (the fused
+# step, its graph replay and the copy of the same bytes), and PyTorch's
+# bf16 counterparts; the JSON files go into logs.tar.gz.
+step mtopt_bench_dtypes 240 bash -c "for d in bf16-master bf16-remainder bf16-nearest bf16-sr \
+  bf16-all bf16-all-sr f32-bf16grad mixed-table; do \"$BUILD/bench/mtopt_bench\" --backend cuda \
+  --shapes gpt2-xl,llama-1.1b --modes fused,graph,memcpy --iters 20 --warmup 5 --dtype \$d \
+  --json \"$LOGS/mtopt_bench_\$d.json\" || exit 1; done"
+step torch_bench_dtypes 180 python3 "$ROOT/bench/torch_bench.py" --shapes gpt2-xl,llama-1.1b \
+  --modes bf16-fused,bf16-fused-graph,master-recipe,master-recipe-graph --iters 20 --warmup 5 \
+  --json "$LOGS/torch_bench_dtypes.json"
 step compare 60 python3 "$ROOT/bench/compare.py" --mtopt "$OUT/mtopt_bench.json" \
   --torch "$OUT/torch_bench.json" --md "$OUT/bench_table.md" --png "$OUT/bench_gpu.png" \
   --title "mtopt vs PyTorch, fp32 AdamW step, $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)"
