@@ -1,0 +1,336 @@
+/* Rounding in mixed precision through the public API (CPU backend;
+ * MTOPT_TEST_BACKEND=cuda runs it on CUDA): without masters one step is the
+ * fp32 step of the upcast values rounded (to nearest even, or stochastically
+ * to a neighbour); stochastic rounding's bits depend on (seed, step, tensor,
+ * element) alone (not on chunking or threads) and are fresh every step
+ * (unbiased over steps); a checkpoint carries all of it, so a resumed run
+ * rounds as the uninterrupted one; and the CUDA backend gives the CPU's bits.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "dtype_rig.h"
+
+/* Stochastic rounding's bits come from (seed, step, tensor, element) alone:
+ * the same with chunks of 64 and of 4096 elements and with 1 or 3 threads;
+ * another seed gives other bits. All-BF16 (params, grads, state), AdamW. */
+START_TEST(test_stochastic_invariance) {
+  tu_rng_t rng;
+  tu_rng_init(&rng, tu_seed() + 101);
+  const mtopt_backend_t be = tu_backend();
+  int p[MAXT], g[MAXT];
+  for (int i = 0; i < MAXT; i++) p[i] = g[i] = MTOPT__DT_BF16;
+  table_t t[4];
+  table_make(&t[0], &rng, be, MAXT, p, g, NULL);
+  table_fill_w(&t[0], &rng);
+  for (int k = 1; k < 4; k++) table_like(&t[k], &t[0], &rng, -1, -1);
+  mtopt_context_config_t cc = MTOPT_CONTEXT_CONFIG_INIT;
+  cc.backend = be;
+  mtopt_context_t *ctx[4];
+  mtopt_optimizer_t *o[4];
+  mtopt_tensor_list_t *l[4];
+  for (int k = 0; k < 4; k++) {
+    cc.num_threads = be == MTOPT_BACKEND_CPU && k == 1 ? 1 : 3;
+    TU_OK(mtopt_context_create(&cc, &ctx[k]));
+    mtopt_optimizer_config_t c = kind_config(0);
+    c.state_dtype = MTOPT_DTYPE_BF16;
+    c.rounding = MTOPT_ROUNDING_STOCHASTIC;
+    c.seed = k == 3 ? 43u : 42u;
+    c.chunk_size = k == 2 ? 4096 : 64;
+    c.lr = 1e-3f; /* small updates: rounding decides most of them */
+    o[k] = make_opt(ctx[k], &t[k], &c, &l[k]);
+  }
+  table_t *all[4] = {&t[0], &t[1], &t[2], &t[3]};
+  for (int step = 1; step <= STEPS; step++) {
+    set_grads(all, 4, &rng, 1.0f);
+    for (int k = 0; k < 4; k++) TU_OK(mtopt_optimizer_step(o[k]));
+  }
+  snap_t s[4];
+  for (int k = 0; k < 4; k++) snap_take(&s[k], o[k], &t[k], 2);
+  snap_same(&s[0], &s[1], "1 thread vs 3");
+  snap_same(&s[0], &s[2], "chunks of 64 vs 4096");
+  int differ = 0;
+  for (int i = 0; i < MAXT; i++) differ |= memcmp(s[0].buf[i][0], s[3].buf[i][0], s[0].bytes[i][0]);
+  ck_assert_msg(differ, "another seed rounded every parameter the same way");
+  for (int k = 0; k < 4; k++) {
+    snap_free(&s[k]);
+    drop_opt(o[k], l[k]);
+    table_free(&t[k]);
+    TU_OK(mtopt_context_destroy(ctx[k]));
+  }
+}
+END_TEST
+
+/* Stochastic rounding through the optimizer, over steps: SGD moves every bf16
+ * weight in [1, 1.25) by half an ulp per step (lr 2^-8, g = -1). Rounded
+ * stochastically with fresh bits each step, the displacement after K steps
+ * is binomial(K, 1/2) ulps: its mean is K/2 (unbiased), and few weights moved
+ * every time or never (2^(1-K)). Bits that repeated across steps would move
+ * each weight every time or never. */
+START_TEST(test_stochastic_steps) {
+  tu_rng_t rng;
+  const mtopt_backend_t be = tu_backend();
+  mtopt_context_t *ctx = begin(&rng, 601);
+  int p[1] = {MTOPT__DT_BF16}, g[1] = {MTOPT__DT_BF16};
+  const int64_t n = 6000, nn[1] = {6000};
+  const int K = 8;
+  table_t a;
+  table_make(&a, &rng, be, 1, p, g, nn);
+  float *x = malloc((size_t)n * 4), *x0 = malloc((size_t)n * 4);
+  for (int64_t k = 0; k < n; k++) x[k] = 1.0f + (float)tu_int(&rng, 0, 31) * 0.0078125f;
+  memcpy(x0, x, (size_t)n * 4);
+  put(be, a.w[0], MTOPT__DT_BF16, x, n);
+  for (int64_t k = 0; k < n; k++) x[k] = -1.0f;
+  put(be, a.g[0], MTOPT__DT_BF16, x, n);
+  mtopt_optimizer_config_t c = MTOPT_OPTIMIZER_CONFIG_INIT;
+  c.kind = MTOPT_OPTIMIZER_SGD;
+  c.lr = 0.00390625f;
+  c.weight_decay = 0.0f;
+  c.rounding = MTOPT_ROUNDING_STOCHASTIC;
+  c.seed = tu_seed();
+  c.chunk_size = 1024;
+  mtopt_tensor_list_t *l;
+  mtopt_optimizer_t *o = make_opt(ctx, &a, &c, &l);
+  for (int k = 0; k < K; k++) TU_OK(mtopt_optimizer_step(o));
+  get(be, x, a.w[0], MTOPT__DT_BF16, n);
+  double sum = 0.0;
+  int64_t extreme = 0;
+  for (int64_t k = 0; k < n; k++) {
+    const double ulps = ((double)x[k] - x0[k]) / 0.0078125;
+    ck_assert_msg(ulps == floor(ulps) && ulps >= 0 && ulps <= K, "element %lld moved %g ulps",
+                  (long long)k, ulps);
+    sum += ulps;
+    extreme += ulps == 0 || ulps == K;
+  }
+  const double mean = sum / n, se = sqrt(K * 0.25 / n);
+  ck_assert_msg(fabs(mean - K / 2.0) < 5 * se, "mean displacement %.4f ulps, want %d", mean, K / 2);
+  ck_assert_msg(extreme < n / 20, "%lld of %lld weights moved every step or never",
+                (long long)extreme, (long long)n);
+  free(x);
+  free(x0);
+  drop_opt(o, l);
+  table_free(&a);
+  TU_OK(mtopt_context_destroy(ctx));
+}
+END_TEST
+
+/* Without masters one step is the fp32 step of the upcast values, rounded:
+ * to nearest even, or stochastically to one of the two neighbours (and not
+ * always the nearest). BF16 parameters and state, first step, every kind. */
+START_TEST(test_no_master_one_step) {
+  const int kind = _i % 4, sr = _i / 4;
+  tu_rng_t rng;
+  const mtopt_backend_t be = tu_backend();
+  mtopt_context_t *ctx = begin(&rng, 211u * (uint64_t)_i);
+  int p[MAXT], g[MAXT];
+  for (int i = 0; i < MAXT; i++) {
+    p[i] = MTOPT__DT_BF16;
+    g[i] = i % 2 ? MTOPT__DT_BF16 : MTOPT__DT_F16;
+  }
+  table_t a, f;
+  table_make(&a, &rng, be, MAXT, p, g, NULL);
+  table_fill_w(&a, &rng);
+  table_like(&f, &a, &rng, MTOPT__DT_F32, MTOPT__DT_F32);
+  mtopt_optimizer_config_t c = kind_config(kind);
+  mtopt_tensor_list_t *la, *lf;
+  mtopt_optimizer_t *of = make_opt(ctx, &f, &c, &lf);
+  /* LAMB's second pass reads the moments as stored: with bf16 state its step
+   * is not the rounded fp32 step. */
+  c.state_dtype = kind == 3 ? MTOPT_DTYPE_F32 : MTOPT_DTYPE_BF16;
+  c.rounding = sr ? MTOPT_ROUNDING_STOCHASTIC : MTOPT_ROUNDING_NEAREST;
+  mtopt_optimizer_t *oa = make_opt(ctx, &a, &c, &la);
+  table_t *both[2] = {&a, &f};
+  set_grads(both, 2, &rng, 1.0f);
+  TU_OK(mtopt_optimizer_step(oa));
+  TU_OK(mtopt_optimizer_step(of));
+  int64_t off_nearest = 0, total = 0;
+  for (int i = 0; i < a.n; i++) {
+    const int64_t n = a.numel[i];
+    float *x = malloc((size_t)n * 4), *y = malloc((size_t)n * 4);
+    get(be, x, a.w[i], MTOPT__DT_BF16, n);
+    get(be, y, f.w[i], MTOPT__DT_F32, n);
+    for (int64_t k = 0; k < n; k++) {
+      const uint16_t near = mtopt__f32_to_bf16(y[k]);
+      const uint16_t got = mtopt__f32_to_bf16(x[k]); /* x is a bf16 value */
+      if (!sr && (kind != 3 || be == MTOPT_BACKEND_CPU)) { /* CUDA: LAMB's norms differ */
+        ck_assert_msg(got == near, "tensor %d element %lld: %04x, nearest %04x", i, (long long)k,
+                      got, near);
+        continue;
+      }
+      const float lo = mtopt__bits_f32(mtopt__f32_bits(y[k]) & 0xffff0000u);
+      const float hi = mtopt__bf16_to_f32((uint16_t)((mtopt__f32_bits(y[k]) >> 16) + 1));
+      ck_assert_msg(x[k] == lo || x[k] == hi || x[k] == y[k], "tensor %d element %lld: %.9g not "
+                    "beside %.9g", i, (long long)k, (double)x[k], (double)y[k]);
+      off_nearest += got != near;
+      total++;
+    }
+    free(x);
+    free(y);
+  }
+  if (sr && kind != 3) ck_assert_msg(off_nearest > total / 50, "stochastic rounding went to the nearest "
+                        "value %lld times of %lld", (long long)(total - off_nearest), (long long)total);
+  finish2(ctx, oa, la, &a, of, lf, &f);
+}
+END_TEST
+
+/* Checkpoints carry dtypes, masters or remainders, state dtype, seed and step:
+ * a run saved at step 3 and resumed in another optimizer rounds as the
+ * uninterrupted run, bit for bit; an optimizer of another dtype layout
+ * refuses the file and is left as it was. */
+START_TEST(test_checkpoint_resume) {
+  tu_rng_t rng;
+  const mtopt_backend_t be = tu_backend();
+  mtopt_context_t *ctx = begin(&rng, 701);
+  int p[MAXT], g[MAXT];
+  for (int i = 0; i < MAXT; i++) {
+    p[i] = i % 3 == 1 ? MTOPT__DT_F32 : MTOPT__DT_BF16;
+    g[i] = i % 2 ? MTOPT__DT_F32 : MTOPT__DT_BF16;
+  }
+  table_t a, b, wrong;
+  table_make(&a, &rng, be, MAXT, p, g, NULL);
+  table_fill_w(&a, &rng);
+  table_like(&b, &a, &rng, -1, -1);
+  table_fill_w(&b, &rng); /* b starts elsewhere: load must bring it back */
+  table_like(&wrong, &a, &rng, -1, -1);
+  mtopt_optimizer_config_t c = kind_config(4); /* AdamW with clipping */
+  c.master_weights = MTOPT_MASTER_REMAINDER;
+  c.state_dtype = MTOPT_DTYPE_BF16;
+  c.rounding = MTOPT_ROUNDING_STOCHASTIC;
+  c.seed = 1234567u;
+  mtopt_tensor_list_t *la, *lb, *lw;
+  mtopt_optimizer_t *oa = make_opt(ctx, &a, &c, &la);
+  c.seed = 7u; /* the file's seed replaces it */
+  mtopt_optimizer_t *ob = make_opt(ctx, &b, &c, &lb);
+  c.state_dtype = MTOPT_DTYPE_F32;
+  mtopt_optimizer_t *ow = make_opt(ctx, &wrong, &c, &lw);
+  table_t *ta[1] = {&a}, *tb[1] = {&b};
+  for (int step = 0; step < 3; step++) {
+    set_grads(ta, 1, &rng, 1.0f);
+    TU_OK(mtopt_optimizer_step(oa));
+  }
+  char path[] = "/tmp/mtopt_dtypes_XXXXXX";
+  const int fd = mkstemp(path);
+  ck_assert_int_ge(fd, 0);
+  TU_OK(mtopt_optimizer_save(oa, path));
+  snap_t w0, w1;
+  snap_take(&w0, ow, &wrong, 2);
+  ck_assert_int_eq(mtopt_optimizer_load(ow, path), MTOPT_STATUS_INVALID_ARGUMENT);
+  ck_assert_msg(strstr(mtopt_last_error(), "state_dtype") != NULL, "%s", mtopt_last_error());
+  snap_take(&w1, ow, &wrong, 2);
+  snap_same(&w0, &w1, "a refused load");
+  TU_OK(mtopt_optimizer_load(ob, path));
+  const uint64_t s2 = tu_next(&rng);
+  tu_rng_t r1, r2;
+  tu_rng_init(&r1, s2);
+  tu_rng_init(&r2, s2);
+  for (int step = 0; step < 3; step++) {
+    set_grads(ta, 1, &r1, 1.0f);
+    set_grads(tb, 1, &r2, 1.0f);
+    TU_OK(mtopt_optimizer_step(oa));
+    TU_OK(mtopt_optimizer_step(ob));
+  }
+  snap_t sa, sb;
+  snap_take(&sa, oa, &a, 2);
+  snap_take(&sb, ob, &b, 2);
+  snap_same(&sa, &sb, "resumed vs uninterrupted");
+  mtopt_step_info_t ia = MTOPT_STEP_INFO_INIT, ib = MTOPT_STEP_INFO_INIT;
+  TU_OK(mtopt_optimizer_get_step_info(oa, &ia));
+  TU_OK(mtopt_optimizer_get_step_info(ob, &ib));
+  ck_assert_int_eq(ia.step, 6);
+  ck_assert_int_eq(ib.step, 6);
+  remove(path);
+  close(fd);
+  snap_free(&w0);
+  snap_free(&w1);
+  snap_free(&sa);
+  snap_free(&sb);
+  drop_opt(oa, la);
+  drop_opt(ob, lb);
+  drop_opt(ow, lw);
+  table_free(&a);
+  table_free(&b);
+  table_free(&wrong);
+  TU_OK(mtopt_context_destroy(ctx));
+}
+END_TEST
+
+/* The CUDA backend against the CPU one on the same mixed table: bit for bit
+ * for element-wise steps in every dtype combination and rounding mode (the
+ * same functions of step_elem.h on both); the reductions of clipping and
+ * LAMB are summed in another order, so there to a tolerance. On the CPU
+ * backend this test has nothing to compare and passes. _i: kind x stats. */
+START_TEST(test_cpu_equals_cuda) {
+  if (tu_backend() != MTOPT_BACKEND_CUDA) return;
+  const int kind = _i % 8;
+  tu_rng_t rng;
+  tu_rng_init(&rng, tu_seed() + 809u * (uint64_t)_i);
+  int p[MAXT], g[MAXT];
+  static const int dts[3] = {MTOPT__DT_F32, MTOPT__DT_BF16, MTOPT__DT_F16};
+  for (int i = 0; i < MAXT; i++) {
+    p[i] = dts[i % 3];
+    g[i] = dts[(i / 3) % 3];
+  }
+  table_t h, d;
+  table_make(&h, &rng, MTOPT_BACKEND_CPU, MAXT, p, g, NULL);
+  table_fill_w(&h, &rng);
+  table_make(&d, &rng, MTOPT_BACKEND_CUDA, MAXT, p, g, h.numel);
+  copy_w(&d, &h);
+  mtopt_context_t *ch = tu_context(MTOPT_BACKEND_CPU), *cd = tu_context(MTOPT_BACKEND_CUDA);
+  mtopt_optimizer_config_t c = kind_config(kind);
+  c.master_weights = MTOPT_MASTER_F32;
+  c.state_dtype = MTOPT_DTYPE_BF16;
+  c.rounding = MTOPT_ROUNDING_STOCHASTIC;
+  c.seed = tu_seed();
+  mtopt_tensor_list_t *lh, *ld;
+  mtopt_optimizer_t *oh = make_opt(ch, &h, &c, &lh), *od = make_opt(cd, &d, &c, &ld);
+  table_t *both[2] = {&h, &d};
+  exact_run = kind < 4 && kind != 3;
+  for (int step = 1; step <= STEPS; step++) {
+    set_grads(both, 2, &rng, 1.0f);
+    TU_OK(mtopt_optimizer_step(oh));
+    TU_OK(mtopt_optimizer_step(od));
+  }
+  snap_t sh, sd;
+  snap_take(&sh, oh, &h, kind % 4 == 2 ? 1 : 2);
+  snap_take(&sd, od, &d, kind % 4 == 2 ? 1 : 2);
+  if (exact_run) {
+    snap_same(&sh, &sd, "CPU vs CUDA");
+  } else {
+    for (int i = 0; i < MAXT; i++) { /* weights, as fp32 values */
+      float *x = malloc((size_t)h.numel[i] * 4), *y = malloc((size_t)h.numel[i] * 4);
+      get(MTOPT_BACKEND_CPU, x, h.w[i], p[i], h.numel[i]);
+      get(MTOPT_BACKEND_CUDA, y, d.w[i], p[i], h.numel[i]);
+      const tu_err_t e = tu_compare_f(y, x, h.numel[i], 1e-2, 1e-2); /* bf16/f16 ulps */
+      ck_assert_msg(e.n_bad == 0, "tensor %d: %lld far apart", i, (long long)e.n_bad);
+      free(x);
+      free(y);
+    }
+  }
+  snap_free(&sh);
+  snap_free(&sd);
+  drop_opt(oh, lh);
+  drop_opt(od, ld);
+  table_free(&h);
+  table_free(&d);
+  TU_OK(mtopt_context_destroy(ch));
+  TU_OK(mtopt_context_destroy(cd));
+}
+END_TEST
+
+Suite *rounding_suite(void) {
+  Suite *s = suite_create("rounding");
+  TCase *tc = tcase_create("rounding");
+  tcase_set_timeout(tc, 120);
+  tcase_add_test(tc, test_stochastic_invariance);
+  tcase_add_test(tc, test_stochastic_steps);
+  tcase_add_loop_test(tc, test_no_master_one_step, 0, 8);
+  tcase_add_test(tc, test_checkpoint_resume);
+  tcase_add_loop_test(tc, test_cpu_equals_cuda, 0, 8);
+  suite_add_tcase(s, tc);
+  return s;
+}
+
+int main(void) { return tu_main(rounding_suite()); }
