@@ -36,6 +36,7 @@
 #include "mtopt/mtopt.h"
 #include "mtopt/mtopt_dist.h"
 #include "dist/dist_internal.h"
+#include "dist_util.h"
 #include "test_util.h"
 
 static int g_rank, g_world;
@@ -885,15 +886,7 @@ int main(int argc, char **argv) {
   SRunner *sr = srunner_create(dist_suite());
   srunner_set_fork_status(sr, CK_NOFORK); /* MPI processes cannot fork */
   srunner_run_all(sr, g_rank == 0 ? CK_NORMAL : CK_SILENT);
-  int failed = srunner_ntests_failed(sr);
-  if (failed && g_rank != 0) {
-    /* Other ranks speak only when they fail. */
-    TestResult **tr = srunner_failures(sr);
-    for (int i = 0; i < failed; i++)
-      fprintf(stderr, "rank %d: %s:%d: %s\n", g_rank, tr_tcname(tr[i]), tr_lno(tr[i]),
-              tr_msg(tr[i]));
-    free(tr);
-  }
+  int failed = dist_rank_failures(sr, g_rank);
   int total = 0;
   MPI_Allreduce(&failed, &total, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
   if (g_rank == 0)

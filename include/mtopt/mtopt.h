@@ -182,7 +182,9 @@ typedef struct {
 
 /* Creates a context. On CUDA it selects the device and uses the legacy default
  * stream until mtopt_cuda_context_set_stream() names another, so steps are
- * ordered after the user's own default-stream work.
+ * ordered after the user's own default-stream work. On the CPU it starts the
+ * OpenMP threads of num_threads, so that steps allocate nothing (if the
+ * OpenMP runtime cannot make them, it ends the process, here).
  * Errors: INVALID_ARGUMENT (NULL out/config, bad struct_size, bad backend or
  * thread count), NOT_SUPPORTED (CUDA backend in a build without CUDA),
  * CUDA_ERROR (no such device, no driver), OUT_OF_MEMORY. */
@@ -331,7 +333,11 @@ MTOPT_API mtopt_status_t mtopt_optimizer_step(mtopt_optimizer_t *opt);
 /* Writes a scalar for the following steps, in stream order on CUDA (safe while
  * earlier steps are in flight; a captured CUDA graph sees the new value).
  * INVALID_ARGUMENT for a value out of range or a scalar this optimizer was not
- * made to use. */
+ * made to use. The range is checked on the float that is stored: a double
+ * that rounds onto a bound (beta1 = 0.99999999 is 1.0f) or a non-zero one that
+ * underflows to 0 (1e-46) is refused. A scalar of a feature made off at create
+ * (clipping, loss scaling, SGD's momentum buffer) accepts only its neutral
+ * value (0, 1, 0). */
 MTOPT_API mtopt_status_t mtopt_optimizer_set_hyperparam(mtopt_optimizer_t *opt,
                                                         mtopt_hyperparam_t which,
                                                         double value);
@@ -402,18 +408,41 @@ MTOPT_API mtopt_status_t mtopt_optimizer_zero_grad(mtopt_optimizer_t *opt);
 /* Checkpoints. save writes the parameters (in their dtypes), master weights or
  * remainders, every state buffer (in the state dtype) and the step scalars
  * (step count, loss scale and its growth tracker, skipped steps, the
- * hyperparameters, the stochastic-rounding seed) to `path`: a versioned, CRC-32-checksummed little-endian
- * file, written to a temporary file in the same directory and renamed, so an
- * existing checkpoint is replaced only by a complete one. CUDA: waits for the
- * stream. Errors: INVALID_ARGUMENT, IO_ERROR (with the system's reason).
+ * hyperparameters, the stochastic-rounding seed) and the optimizer's features
+ * (loss scaling static or dynamic, clipping, skip_nonfinite) to `path`: a
+ * versioned (format 3), CRC-32-checksummed little-endian file. It is written
+ * to a temporary file in the same directory, named ".mtopt-" + 8 hex digits
+ * (the CRC-32 of the target's file name) + "-" + 6 characters of [A-Za-z0-9],
+ * then fsynced, renamed onto `path`, and the directory fsynced, so an
+ * existing checkpoint is replaced only by a complete one and the new one
+ * survives a power loss. A failing save removes its temporary; a successful
+ * one also removes the temporaries of the same target that no save holds
+ * (each save holds an flock on its own), i.e. those of killed saves. The
+ * target must be a regular file or not exist: a symbolic link (even to a
+ * regular file), a directory, a device or a FIFO is refused with
+ * INVALID_ARGUMENT and left alone. The new file has mode 0666 & ~umask, as
+ * fopen's; it is a new file, so the old one's mode and owner are not kept.
+ * Any name the system accepts for the target works (the temporary's name has
+ * a fixed length of 22). CUDA: waits for the stream. Errors:
+ * INVALID_ARGUMENT (NULL, a target that is not a regular file, a path ending
+ * in '/'), IO_ERROR (with the system's reason; a failing directory fsync is
+ * IO_ERROR though the new checkpoint is then in place), OUT_OF_MEMORY.
  * load restores all of it into an optimizer built from the same tensor list
  * shape (same kind, tensor count, sizes, parameter dtypes, master weights,
- * state dtype and rounding; files of format 1, from the fp32-only 0.1, load
- * into fp32 optimizers); the file is read and verified
- * completely before anything is written, so a missing, truncated, corrupt or
- * mismatched file changes nothing. Errors: IO_ERROR (unreadable, truncated,
- * bad checksum), INVALID_ARGUMENT (saved by a different optimizer),
- * NOT_SUPPORTED (a newer format). */
+ * state dtype and rounding) and the same features; files of formats 1 (the
+ * fp32-only 0.1, into fp32 optimizers) and 2 (0.2) load too: they record no
+ * features, so what their scalars imply is checked (a loss scale != 1 needs
+ * loss scaling, max_grad_norm != 0 clipping, a growth tracker != 0 a dynamic
+ * scale). The file is read and verified completely before anything is
+ * written, and integrity first: a file shorter than a header or failing its
+ * checksum is IO_ERROR whatever its fields say; only then are they judged.
+ * The scalars must pass the checks of create and the setters (as floats:
+ * lr, betas, eps, ...; a scalar of a feature the optimizer lacks must be its
+ * neutral value), step and skipped_steps in [0, 2^62], reserved fields 0. A
+ * missing, truncated, corrupt or mismatched file changes nothing. Errors:
+ * IO_ERROR (unreadable, truncated, bad checksum, not a checkpoint),
+ * INVALID_ARGUMENT (saved by a different optimizer or with other features,
+ * a scalar out of range), NOT_SUPPORTED (a newer format), OUT_OF_MEMORY. */
 MTOPT_API mtopt_status_t mtopt_optimizer_save(mtopt_optimizer_t *opt, const char *path);
 MTOPT_API mtopt_status_t mtopt_optimizer_load(mtopt_optimizer_t *opt, const char *path);
 

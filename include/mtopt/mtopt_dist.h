@@ -55,7 +55,13 @@
  * or when no reduction completed; without statistics, buckets whose reduction
  * landed before the failure have been stepped (the price of the overlap: set
  * skip_nonfinite = 1 to make a step all-or-nothing). A rank whose bucket plan
- * differs from the others' is reported at set-up, on every rank.
+ * differs from the others' is reported at set-up, on every rank. After the
+ * first failure nothing waits again: the calls that follow, destroy included,
+ * return within one timeout in total; destroy leaks the buffers of
+ * collectives that never finished and returns COMM_ERROR. A rank late beyond
+ * the timeout may still complete the step its peers abandoned: treat
+ * COMM_ERROR on any rank as fatal for the job (docs/distributed.md,
+ * "Failures").
  *
  * Segments. With zero_stage 0, a bucket of at least twice its size (it holds
  * a large tensor, e.g. an embedding) is reduced in floor(bucket / size)
@@ -224,7 +230,7 @@ MTOPT_API mtopt_status_t mtopt_dist_get_tensor_bucket(const mtopt_dist_optimizer
 MTOPT_API mtopt_status_t mtopt_dist_bucket_ready(mtopt_dist_optimizer_t *dopt, int bucket);
 
 /* Marks the remaining buckets, completes every reduction (CPU: waits, at most
- * timeout_ms per collective), steps, and (zero_stage 1) all-gathers the
+ * timeout_ms per collective, and stops at the first that fails), steps, and (zero_stage 1) all-gathers the
  * weights. Collective. CPU: returns when the step is done. CUDA: enqueues and
  * returns; the context's stream is ordered after the whole step. */
 MTOPT_API mtopt_status_t mtopt_dist_step(mtopt_dist_optimizer_t *dopt);

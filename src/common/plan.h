@@ -108,6 +108,13 @@ typedef struct {
   uint32_t blocks_exited;  /* CUDA, small chunks: blocks done with a launch */
 } mtopt__hyper_t;
 
+/* A sum of squares of fp32 values (the per-chunk slots, and the partial sums
+ * that fill them): double, so that finite values always give a finite sum.
+ * One float squared overflows a float from |x| > 1.8e19, and 10^6 squares of
+ * 1e16 overflow a float sum; in double, x*x of a float is exact and a sum of
+ * up to 2^62 of them (each < 1.2e77) stays far below 1.8e308. */
+typedef double mtopt__sum_t;
+
 /* The plan. Pointers are into the backend's memory (host memory on the CPU,
  * device memory on CUDA). */
 typedef struct {
@@ -115,10 +122,10 @@ typedef struct {
   const mtopt__chunk_rec_t *chunks;
   const mtopt__group_rec_t *groups;
   mtopt__hyper_t *hyper;
-  float *slot_gsq;          /* per chunk: sum of squares of the unscaled g */
+  mtopt__sum_t *slot_gsq;   /* per chunk: sum of squares of the unscaled g */
   uint32_t *slot_nonfinite; /* per chunk: count of inf/NaN in g */
-  float *slot_wsq;          /* LAMB, per chunk: sum of w^2 */
-  float *slot_usq;          /* LAMB, per chunk: sum of u^2 */
+  mtopt__sum_t *slot_wsq;   /* LAMB, per chunk: sum of w^2 */
+  mtopt__sum_t *slot_usq;   /* LAMB, per chunk: sum of u^2 */
   /* defer_stats (ZeRO-1, where each rank holds a shard and the global norm
    * needs every rank's partial sums): the end of STATS writes stats_sum[0] =
    * sum of squares, stats_sum[1] = non-finite count (as a double) instead of

@@ -39,8 +39,8 @@ MTOPT_HD mtopt__draws_t mtopt__draws(const mtopt__sr_t *sr, const mtopt__tensor_
 
 /* The UPDATE pass of every kind; LAMB adds w^2 and u^2 to *wsq, *usq. */
 MTOPT_HD void mtopt__update_elem(int kind, const mtopt__scalars_t *s, const mtopt__sr_t *sr,
-                                 const mtopt__tensor_rec_t *t, int64_t i, float *wsq,
-                                 float *usq) {
+                                 const mtopt__tensor_rec_t *t, int64_t i, mtopt__sum_t *wsq,
+                                 mtopt__sum_t *usq) {
   const float g = mtopt__grad_elem(t, i);
   float w = mtopt__ld_weight(t, i);
   const mtopt__draws_t d = mtopt__draws(sr, t, i);
@@ -63,8 +63,8 @@ MTOPT_HD void mtopt__update_elem(int kind, const mtopt__scalars_t *s, const mtop
     /* The second pass applies u from the moments as stored: measure that u. */
     if (t->sdt != MTOPT__DT_F32)
       u = mtopt__lamb_dir(s, w, mtopt__ld(t->s0, t->sdt, i), mtopt__ld(t->s1, t->sdt, i));
-    *wsq += w * w;
-    *usq += u * u;
+    *wsq += (mtopt__sum_t)w * w; /* exact squares, summed in double (plan.h) */
+    *usq += (mtopt__sum_t)u * u;
   }
 }
 

@@ -143,10 +143,12 @@ MTOPT_HD float mtopt__lamb_moments_elem(const mtopt__scalars_t *s, float g,
 /* LAMB's per-tensor step length lr * trust ratio, from the squared norms of w
  * and of u (apex: ratio only where decay != 0 unless NVLAMB). */
 MTOPT_HD float mtopt__lamb_step(const mtopt__hyper_t *h, const mtopt__scalars_t *s,
-                                float wsq, float usq) {
-  const float wn = sqrtf(wsq), un = sqrtf(usq);
+                                mtopt__sum_t wsq, mtopt__sum_t usq) {
+  /* The sums are doubles (plan.h): the ratio of the norms is taken in double
+   * and rounded once, so tensors whose norms exceed float's range still get
+   * a finite trust ratio. */
   const int adapt = h->lamb_always_adapt || s->wd != 0.0f;
-  const float trust = (adapt && wn > 0.0f && un > 0.0f) ? wn / un : 1.0f;
+  const float trust = (adapt && wsq > 0.0 && usq > 0.0) ? (float)(sqrt(wsq) / sqrt(usq)) : 1.0f;
   return s->lr * trust;
 }
 

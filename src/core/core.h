@@ -89,6 +89,11 @@ MTOPT__HIDDEN int64_t mtopt__chunk_table(const int64_t *numel, int64_t n, int64_
  * the setters and load. */
 MTOPT__HIDDEN mtopt_status_t mtopt__check_hyperparam(mtopt_context_t *ctx, const char *fn,
                                                      mtopt_hyperparam_t which, double x);
+/* Load's checks of a block read from a checkpoint against this config: the
+ * ranges and the setters' rules, the step counts, the growth tracker. */
+MTOPT__HIDDEN mtopt_status_t mtopt__check_loaded_hyper(mtopt_context_t *ctx, const char *fn,
+                                                       const mtopt_optimizer_config_t *c,
+                                                       const mtopt__hyper_t *h);
 /* Refuses a config struct made for a newer major version (its api_version). */
 MTOPT__HIDDEN mtopt_status_t mtopt__check_api_version(mtopt_context_t *ctx, const char *fn,
                                                       uint32_t api_version);
@@ -99,5 +104,23 @@ MTOPT__HIDDEN void mtopt__init_hyper(mtopt__hyper_t *h, const mtopt_optimizer_co
 MTOPT__HIDDEN mtopt_status_t mtopt__check_opt(const mtopt_optimizer_t *opt, const char *fn);
 MTOPT__HIDDEN int mtopt__uses_loss_scale(const mtopt_optimizer_config_t *c);
 MTOPT__HIDDEN int mtopt__is_adam_family(int kind);
+
+/* Checkpoint files (core/checkpoint_file.c). The temporary of a save is
+ * MTOPT__CKPT_TMP_PREFIX + 8 hex digits (the CRC-32 of the target's file name)
+ * + "-" + 6 random characters, MTOPT__CKPT_TMP_LEN in all, in the target's
+ * directory (dfd). */
+#define MTOPT__CKPT_TMP_PREFIX ".mtopt-"
+#define MTOPT__CKPT_TMP_LEN 22
+/* Creates and locks a fresh temporary named tag_prefix + 6 characters into
+ * name; the fd, or -1 with errno (name then ""). */
+MTOPT__HIDDEN int mtopt__ckpt_create_temp(int dfd, const char *tag_prefix,
+                                          char name[MTOPT__CKPT_TMP_LEN + 1]);
+/* Removes temporaries of tag_prefix that no save holds locked. */
+MTOPT__HIDDEN void mtopt__ckpt_remove_stale(int dfd, const char *tag_prefix);
+/* Opens path's directory (*dfd) and finds its last component (*base);
+ * refuses a target that exists and is not a regular file. */
+MTOPT__HIDDEN mtopt_status_t mtopt__ckpt_open_target(mtopt_context_t *ctx, const char *fn,
+                                                     const char *path, int *dfd,
+                                                     const char **base);
 
 #endif /* MTOPT_CORE_H */

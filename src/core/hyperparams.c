@@ -1,7 +1,9 @@
 /* Hyperparameters: the range of each scalar (one place for create, the
  * setters and load), the block's initial values, the setters and getters, and
  * the step results. */
+#include <float.h>
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "core.h"
@@ -21,38 +23,77 @@ int mtopt__uses_loss_scale(const mtopt_optimizer_config_t *c) {
   return c->loss_scale != 1.0f || c->dynamic_loss_scale;
 }
 
-/* The range of each scalar; one place for create and the setters. */
+/* The range of each scalar, as the float the block will hold: a double that
+ * rounds out of range (beta1 = 0.99999999 -> 1.0f, eps = 1e-46 -> 0) is
+ * refused. One place for create, the setters and load. */
+typedef struct {
+  float lo, hi;
+  int lo_open, hi_open; /* the bound itself is excluded */
+} hp_range_t;
+
+static const hp_range_t hp_ranges[MTOPT_HP_COUNT_] = {
+    [MTOPT_HP_LR] = {0.0f, 1e30f, 0, 0},
+    [MTOPT_HP_BETA1] = {0.0f, 1.0f, 0, 1},
+    [MTOPT_HP_BETA2] = {0.0f, 1.0f, 0, 1},
+    [MTOPT_HP_EPS] = {0.0f, 1e30f, 1, 0},
+    [MTOPT_HP_WEIGHT_DECAY] = {0.0f, 1e30f, 0, 0},
+    [MTOPT_HP_MOMENTUM] = {0.0f, 1e30f, 0, 0},
+    [MTOPT_HP_DAMPENING] = {0.0f, 1.0f, 0, 0},
+    [MTOPT_HP_MAX_GRAD_NORM] = {0.0f, 1e30f, 0, 0},
+    [MTOPT_HP_LOSS_SCALE] = {0.0f, 3.0e38f, 1, 0},
+};
+
 mtopt_status_t mtopt__check_hyperparam(mtopt_context_t *ctx, const char *fn,
                                        mtopt_hyperparam_t which, double x) {
-  int ok;
-  switch (which) {
-  case MTOPT_HP_LR:
-  case MTOPT_HP_WEIGHT_DECAY:
-  case MTOPT_HP_MOMENTUM:
-  case MTOPT_HP_MAX_GRAD_NORM:
-    ok = x >= 0.0 && x <= 1e30;
-    break;
-  case MTOPT_HP_BETA1:
-  case MTOPT_HP_BETA2:
-    ok = x >= 0.0 && x < 1.0;
-    break;
-  case MTOPT_HP_EPS:
-    ok = x > 0.0 && x <= 1e30;
-    break;
-  case MTOPT_HP_DAMPENING:
-    ok = x >= 0.0 && x <= 1.0;
-    break;
-  case MTOPT_HP_LOSS_SCALE:
-    ok = x > 0.0 && x <= 3.0e38;
-    break;
-  default:
+  if ((unsigned)which >= MTOPT_HP_COUNT_)
     return mtopt__error(ctx, MTOPT_STATUS_INVALID_ARGUMENT, "%s: unknown hyperparameter %d",
                         fn, (int)which);
-  }
-  if (!ok)
-    return mtopt__error(ctx, MTOPT_STATUS_INVALID_ARGUMENT, "%s: %s = %g is out of range",
-                        fn, hp_names[which], x);
-  return MTOPT_STATUS_SUCCESS;
+  const hp_range_t r = hp_ranges[which];
+  /* A double beyond float's range has no float (the conversion would be
+   * undefined); NaN fails both comparisons. */
+  const int fits = x >= -FLT_MAX && x <= FLT_MAX;
+  const float f = fits ? (float)x : 0.0f;
+  /* A non-zero value that underflows to 0 would turn the scalar's effect off
+   * (max_grad_norm: clipping) or make it invalid (eps, loss_scale). */
+  const int ok = fits && (f != 0.0f || x == 0.0) && (r.lo_open ? f > r.lo : f >= r.lo) &&
+                 (r.hi_open ? f < r.hi : f <= r.hi);
+  if (ok) return MTOPT_STATUS_SUCCESS;
+  char stored[48] = "";
+  if (fits && (double)f != x) snprintf(stored, sizeof stored, " (as a float: %.9g)", (double)f);
+  return mtopt__error(ctx, MTOPT_STATUS_INVALID_ARGUMENT,
+                      "%s: %s = %.9g%s is out of range %c%g, %g%c", fn, hp_names[which], x,
+                      stored, r.lo_open ? '(' : '[', (double)r.lo, (double)r.hi,
+                      r.hi_open ? ')' : ']');
+}
+
+/* Why this optimizer cannot hold value for a scalar it uses, or NULL: a
+ * feature fixed at create (a momentum buffer, clipping, loss scaling) can be
+ * tuned but not turned on, and Nesterov needs momentum > 0, dampening 0. The
+ * setters and load share it. */
+static const char *hp_refusal(const mtopt_optimizer_config_t *c, mtopt_hyperparam_t which,
+                              double value) {
+  if (which == MTOPT_HP_MOMENTUM && c->momentum <= 0.0f && value != 0.0)
+    return "needs a momentum buffer: create the optimizer with momentum > 0";
+  if (which == MTOPT_HP_MOMENTUM && c->nesterov && value <= 0.0)
+    return "must stay > 0 with Nesterov momentum";
+  if (which == MTOPT_HP_DAMPENING && c->nesterov && value != 0.0)
+    return "must stay 0 with Nesterov momentum";
+  if (which == MTOPT_HP_MAX_GRAD_NORM && c->max_grad_norm <= 0.0f && value != 0.0)
+    return "needs an optimizer created with max_grad_norm > 0";
+  if (which == MTOPT_HP_LOSS_SCALE && !mtopt__uses_loss_scale(c) && value != 1.0)
+    return "needs an optimizer created with loss scaling";
+  return NULL;
+}
+
+/* Why this optimizer's kind does not read the scalar, or NULL. */
+static const char *hp_unused(const mtopt_optimizer_config_t *c, mtopt_hyperparam_t which) {
+  const int adam = mtopt__is_adam_family(c->kind);
+  if ((which == MTOPT_HP_BETA1 || which == MTOPT_HP_BETA2 || which == MTOPT_HP_EPS) && !adam)
+    return "is not used by SGD";
+  if ((which == MTOPT_HP_MOMENTUM || which == MTOPT_HP_DAMPENING) &&
+      c->kind != MTOPT_OPTIMIZER_SGD)
+    return "is used by SGD only";
+  return NULL;
 }
 
 mtopt_status_t mtopt__check_config(mtopt_context_t *ctx, const char *fn,
@@ -141,30 +182,47 @@ static float *hp_field(mtopt__hyper_t *h, mtopt_hyperparam_t which) {
   }
 }
 
+/* Load's checks of a block read from a file, before it replaces the live one:
+ * every scalar within its range; for the scalars this kind reads, the
+ * setters' feature rules too (the others are never read: their range only);
+ * step counts far from overflow (2^62 steps: no plausible run); a growth
+ * tracker only with a dynamic loss scale, below INT32_MAX (it is incremented). */
+mtopt_status_t mtopt__check_loaded_hyper(mtopt_context_t *ctx, const char *fn,
+                                         const mtopt_optimizer_config_t *c,
+                                         const mtopt__hyper_t *h) {
+  const int64_t max_steps = INT64_C(1) << 62;
+  mtopt__hyper_t copy = *h;
+  for (int i = 0; i < MTOPT_HP_COUNT_; i++) {
+    const mtopt_hyperparam_t which = (mtopt_hyperparam_t)i;
+    const double v = *hp_field(&copy, which);
+    CHECK(mtopt__check_hyperparam(ctx, fn, which, v));
+    const char *why = hp_unused(c, which) ? NULL : hp_refusal(c, which, v);
+    if (why)
+      return mtopt__error(ctx, MTOPT_STATUS_INVALID_ARGUMENT, "%s: %s = %g: %s", fn,
+                          hp_names[which], v, why);
+  }
+  if (h->step < 0 || h->step > max_steps || h->skipped_steps < 0 ||
+      h->skipped_steps > max_steps)
+    return mtopt__error(ctx, MTOPT_STATUS_INVALID_ARGUMENT,
+                        "%s: step %lld, skipped_steps %lld: each must be in [0, 2^62]", fn,
+                        (long long)h->step, (long long)h->skipped_steps);
+  if (h->growth_tracker < 0 || h->growth_tracker == INT32_MAX ||
+      (!c->dynamic_loss_scale && h->growth_tracker != 0))
+    return mtopt__error(ctx, MTOPT_STATUS_INVALID_ARGUMENT,
+                        "%s: growth_tracker %d: must be 0 without a dynamic loss scale, "
+                        "else in [0, 2^31-1)",
+                        fn, (int)h->growth_tracker);
+  return MTOPT_STATUS_SUCCESS;
+}
+
 mtopt_status_t mtopt_optimizer_set_hyperparam(mtopt_optimizer_t *opt,
                                               mtopt_hyperparam_t which, double value) {
   static const char fn[] = "mtopt_optimizer_set_hyperparam";
   CHECK(mtopt__check_opt(opt, fn));
   mtopt_context_t *ctx = opt->ctx;
   CHECK(mtopt__check_hyperparam(ctx, fn, which, value));
-  const mtopt_optimizer_config_t *c = &opt->config;
-  const int adam = mtopt__is_adam_family(c->kind);
-  const char *why = NULL;
-  if ((which == MTOPT_HP_BETA1 || which == MTOPT_HP_BETA2 || which == MTOPT_HP_EPS) && !adam)
-    why = "is not used by SGD";
-  else if ((which == MTOPT_HP_MOMENTUM || which == MTOPT_HP_DAMPENING) &&
-           c->kind != MTOPT_OPTIMIZER_SGD)
-    why = "is used by SGD only";
-  else if (which == MTOPT_HP_MOMENTUM && c->momentum <= 0.0f)
-    why = "needs a momentum buffer: create the optimizer with momentum > 0";
-  else if (which == MTOPT_HP_MOMENTUM && c->nesterov && value <= 0.0)
-    why = "must stay > 0 with Nesterov momentum";
-  else if (which == MTOPT_HP_DAMPENING && c->nesterov && value != 0.0)
-    why = "must stay 0 with Nesterov momentum";
-  else if (which == MTOPT_HP_MAX_GRAD_NORM && c->max_grad_norm <= 0.0f)
-    why = "needs an optimizer created with max_grad_norm > 0";
-  else if (which == MTOPT_HP_LOSS_SCALE && !mtopt__uses_loss_scale(c))
-    why = "needs an optimizer created with loss scaling";
+  const char *why = hp_unused(&opt->config, which);
+  if (!why) why = hp_refusal(&opt->config, which, value);
   if (why)
     return mtopt__error(ctx, MTOPT_STATUS_INVALID_ARGUMENT, "%s: %s %s", fn, hp_names[which],
                         why);

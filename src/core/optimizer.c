@@ -98,10 +98,10 @@ static table_layout_t layout_tables(int64_t ntensors, int64_t nchunks, int lamb,
   PLACE(chunks, nchunks * sizeof(mtopt__chunk_rec_t));
   PLACE(groups, MTOPT_MAX_GROUPS * sizeof(mtopt__group_rec_t));
   PLACE(hyper, sizeof(mtopt__hyper_t));
-  PLACE(gsq, nchunks * sizeof(float));
+  PLACE(gsq, nchunks * sizeof(mtopt__sum_t));
   PLACE(nonfinite, nchunks * sizeof(uint32_t));
-  PLACE(wsq, lamb ? nchunks * sizeof(float) : 0);
-  PLACE(usq, lamb ? nchunks * sizeof(float) : 0);
+  PLACE(wsq, lamb ? nchunks * sizeof(mtopt__sum_t) : 0);
+  PLACE(usq, lamb ? nchunks * sizeof(mtopt__sum_t) : 0);
   PLACE(stats_sum, defer ? 2 * sizeof(double) : 0);
 #undef PLACE
   L.total = off;
@@ -298,10 +298,10 @@ mtopt_status_t mtopt__optimizer_create(mtopt_context_t *ctx, mtopt_tensor_list_t
   p->chunks = (const mtopt__chunk_rec_t *)(base + L.chunks);
   p->groups = (const mtopt__group_rec_t *)(base + L.groups);
   p->hyper = (mtopt__hyper_t *)(base + L.hyper);
-  p->slot_gsq = (float *)(base + L.gsq);
+  p->slot_gsq = (mtopt__sum_t *)(base + L.gsq);
   p->slot_nonfinite = (uint32_t *)(base + L.nonfinite);
-  p->slot_wsq = lamb ? (float *)(base + L.wsq) : NULL;
-  p->slot_usq = lamb ? (float *)(base + L.usq) : NULL;
+  p->slot_wsq = lamb ? (mtopt__sum_t *)(base + L.wsq) : NULL;
+  p->slot_usq = lamb ? (mtopt__sum_t *)(base + L.usq) : NULL;
   p->stats_sum = defer ? (double *)(base + L.stats_sum) : NULL;
   p->num_tensors = n;
   p->num_chunks = nchunks;

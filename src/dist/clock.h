@@ -1,8 +1,10 @@
 /* The distributed layer's clock: the deadlines of the timeouts (the MPI waits
- * of transport_mpi.c, the stream polls of transport_nccl.c). */
+ * of transport_mpi.c, the stream polls of transport_nccl.c) and the pause
+ * between two polls of a wait. */
 #ifndef MTOPT_DIST_CLOCK_H
 #define MTOPT_DIST_CLOCK_H
 
+#include <sched.h>
 #include <time.h>
 
 /* Milliseconds of CLOCK_MONOTONIC: immune to changes of the wall clock. */
@@ -10,6 +12,29 @@ static inline double mtopt__now_ms(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
+}
+
+/* A wait polls at full speed (a yield between polls) for its first 10 ms, so
+ * that the collectives of a healthy step, which land within that, are seen at
+ * once. Past that it sleeps between polls, 1/128 of the time waited so far,
+ * at most 1 ms: a stalled wait (a rank that never joins, until the timeout)
+ * costs about a thousand polls a second instead of a whole core, and a wait
+ * that does end is seen at most 1/128 of its length late. (MPI without an
+ * asynchronous progress thread moves a collective only inside the polls:
+ * one still in flight after 10 ms of waiting then moves once per pause,
+ * fine for shared memory and TCP, whose buffers carry far more than a
+ * millisecond's data.) */
+#define MTOPT__POLL_SPIN_MS 10.0
+
+static inline void mtopt__poll_pause(double waited_ms) {
+  if (waited_ms < MTOPT__POLL_SPIN_MS) {
+    sched_yield();
+    return;
+  }
+  double ms = waited_ms / 128.0;
+  if (ms > 1.0) ms = 1.0;
+  const struct timespec ts = {0, (long)(ms * 1e6)};
+  nanosleep(&ts, NULL);
 }
 
 #endif /* MTOPT_DIST_CLOCK_H */

@@ -60,7 +60,11 @@ typedef struct {
 /* Every operation returns SUCCESS or a status with the detail set in the
  * context (mtopt__error). A wait for a collective is bounded by
  * cfg->timeout_ms (0: forever), as is every host synchronisation after
- * set-up. "Enqueued" means on the communication stream (NCCL); an MPI
+ * set-up; a wait that grows long sleeps between its polls (clock.h).
+ * Failure: the first collective or synchronisation that fails or times out
+ * marks the transport failed, and from then on no operation waits: waits
+ * test once, collectives are refused (COMM_ERROR), so everything after a
+ * failure, destroy included, returns within one timeout in total. "Enqueued" means on the communication stream (NCCL); an MPI
  * operation either completes before it returns or leaves a request in its
  * slot. `what` names the operation in an error message (MPI; the NCCL
  * transport names the NCCL or CUDA call that failed instead). One thread at a
@@ -118,9 +122,10 @@ typedef struct mtopt__transport_ops {
    * (MPI without an asynchronous progress thread moves only inside MPI
    * calls). Never blocks; a no-op where stream-ordered. */
   mtopt_status_t (*poke)(mtopt__transport_slots_t *s, int first, int end);
-  /* Before the buffers go: waits for every collective of the slots, bounded,
-   * and counts in *leaked those that may still write the buffers (their
-   * memory must then be leaked, not freed). Returns a failure of the
+  /* Before the buffers go: waits for every collective of the slots until one
+   * deadline, timeout_ms from the call (once the transport has failed: no
+   * wait), and counts in *leaked those that may still write the buffers
+   * (their memory must then be leaked, not freed). Returns a failure of the
    * transport itself (NCCL: the synchronise), SUCCESS otherwise. */
   mtopt_status_t (*drain)(mtopt__transport_slots_t *s, int *leaked);
 

@@ -11,8 +11,15 @@
  * Timeouts. MPI cannot cancel a collective: one that does not land within
  * timeout_ms stays pending with its request, and its buffers must outlive it
  * (the distributed optimizer then becomes unusable and, at destroy, leaks the
- * buffers rather than free them under MPI: see drain). */
-#include <sched.h>
+ * buffers rather than free them under MPI: see drain).
+ *
+ * Failure. The first collective that fails or times out marks the transport
+ * failed (one flag per communicator): from then on no call waits again, so
+ * that everything after a failure, destroy included, returns at once rather
+ * than spending a timeout per collective still pending. A wait is then one
+ * test (an abandoned collective may still have landed), a new collective is
+ * refused with COMM_ERROR. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,6 +33,7 @@ struct mtopt__transport {
   int world;
   int timeout_ms;
   float inv_world; /* (float)(1 / world) */
+  int failed;      /* a collective failed or timed out: nothing waits again */
 };
 
 typedef struct {
@@ -49,29 +57,70 @@ mtopt_status_t mtopt__mpi_fail(mtopt_context_t *ctx, int rc, const char *what) {
   return mtopt__error(ctx, MTOPT_STATUS_COMM_ERROR, "%s: MPI error: %s", what, text);
 }
 
-/* Waits for one request, at most timeout_ms (0: forever). A request that times
- * out stays pending: MPI cannot cancel a collective, so the caller marks the
- * optimizer broken and keeps the buffers alive. */
-static mtopt_status_t mpi_wait(mtopt_context_t *ctx, MPI_Request *r, int timeout_ms,
-                               const char *what) {
-  if (*r == MPI_REQUEST_NULL) return MTOPT_STATUS_SUCCESS;
-  if (timeout_ms <= 0) {
-    const int rc = MPI_Wait(r, MPI_STATUS_IGNORE);
-    return rc == MPI_SUCCESS ? MTOPT_STATUS_SUCCESS : mtopt__mpi_fail(ctx, rc, what);
-  }
-  const double deadline = mtopt__now_ms() + timeout_ms;
-  for (unsigned spin = 0;; spin++) {
+/* The deadline of a wait that starts now: timeout_ms later, or never (0). */
+static double deadline_in(int timeout_ms) {
+  return timeout_ms > 0 ? mtopt__now_ms() + timeout_ms : HUGE_VAL;
+}
+
+/* Polls one request until it lands or the deadline passes (*late = 1, no
+ * error set; the request stays pending: MPI cannot cancel a collective, so
+ * the caller keeps its buffers alive or leaks them). A deadline already past
+ * makes it one test. COMM_ERROR for an MPI error. The pause between polls
+ * grows with the time waited (clock.h), so a stalled wait sleeps. */
+static mtopt_status_t wait_until(mtopt_context_t *ctx, MPI_Request *r, double deadline,
+                                 int *late, const char *what) {
+  *late = 0;
+  const double start = mtopt__now_ms();
+  while (*r != MPI_REQUEST_NULL) {
     int done = 0;
     const int rc = MPI_Test(r, &done, MPI_STATUS_IGNORE);
     if (rc != MPI_SUCCESS) return mtopt__mpi_fail(ctx, rc, what);
-    if (done) return MTOPT_STATUS_SUCCESS;
-    if ((spin & 63) == 0 && mtopt__now_ms() > deadline)
-      return mtopt__error(ctx, MTOPT_STATUS_COMM_ERROR,
-                          "%s: not finished after timeout_ms = %d (a rank did not join "
-                          "the collective, or the network stalled)",
-                          what, timeout_ms);
-    sched_yield();
+    if (done) break;
+    const double now = mtopt__now_ms();
+    if (now >= deadline) {
+      *late = 1;
+      break;
+    }
+    mtopt__poll_pause(now - start);
   }
+  return MTOPT_STATUS_SUCCESS;
+}
+
+static mtopt_status_t timed_out(mtopt_context_t *ctx, int timeout_ms, const char *what) {
+  return mtopt__error(ctx, MTOPT_STATUS_COMM_ERROR,
+                      "%s: not finished after timeout_ms = %d (a rank did not join the "
+                      "collective, or the network stalled)",
+                      what, timeout_ms);
+}
+
+/* Waits for one request, at most timeout_ms (0: forever). */
+static mtopt_status_t wait_timed(mtopt_context_t *ctx, MPI_Request *r, int timeout_ms,
+                                 const char *what) {
+  int late = 0;
+  CHECK(wait_until(ctx, r, deadline_in(timeout_ms), &late, what));
+  return late ? timed_out(ctx, timeout_ms, what) : MTOPT_STATUS_SUCCESS;
+}
+
+/* COMM_ERROR once the transport has failed. */
+static mtopt_status_t usable(mtopt__transport_t *t, const char *what) {
+  if (!t->failed) return MTOPT_STATUS_SUCCESS;
+  return mtopt__error(t->ctx, MTOPT_STATUS_COMM_ERROR,
+                      "%s: an earlier collective of this communicator failed or timed out; "
+                      "it is unusable",
+                      what);
+}
+
+/* The transport's waits: until `deadline`, or, once the transport has
+ * failed, one test. A failure (an MPI error, or the deadline) marks the
+ * transport failed. */
+static mtopt_status_t wait_req(mtopt__transport_t *t, MPI_Request *r, double deadline,
+                               const char *what) {
+  int late = 0;
+  mtopt_status_t st = wait_until(t->ctx, r, t->failed ? -HUGE_VAL : deadline, &late, what);
+  if (st == MTOPT_STATUS_SUCCESS && late)
+    st = t->failed ? usable(t, what) : timed_out(t->ctx, t->timeout_ms, what);
+  if (st != MTOPT_STATUS_SUCCESS) t->failed = 1;
+  return st;
 }
 
 mtopt_status_t mtopt__mpi_max_i64(mtopt_context_t *ctx, MPI_Comm comm, int timeout_ms,
@@ -87,7 +136,7 @@ mtopt_status_t mtopt__mpi_max_i64(mtopt_context_t *ctx, MPI_Comm comm, int timeo
     free(buf);
     return mtopt__mpi_fail(ctx, rc, what);
   }
-  CHECK(mpi_wait(ctx, &r, timeout_ms, what));
+  CHECK(wait_timed(ctx, &r, timeout_ms, what)); /* `buf` leaks with a pending request */
   memcpy(v, buf, (size_t)n * sizeof *buf);
   free(buf);
   return MTOPT_STATUS_SUCCESS;
@@ -119,7 +168,10 @@ static void mpi_sm_split(const mtopt__transport_t *t, int *comm_sms, int *step_s
 }
 
 static mtopt_status_t mpi_max(mtopt__transport_t *t, int64_t *v, int n, const char *what) {
-  return mtopt__mpi_max_i64(t->ctx, t->comm, t->timeout_ms, v, n, what);
+  CHECK(usable(t, what));
+  const mtopt_status_t st = mtopt__mpi_max_i64(t->ctx, t->comm, t->timeout_ms, v, n, what);
+  if (st == MTOPT_STATUS_COMM_ERROR) t->failed = 1;
+  return st;
 }
 
 static mtopt_status_t mpi_slots_create(mtopt__transport_t *t, int reductions, int gathers,
@@ -152,11 +204,17 @@ static void landed(mtopt__transport_slots_t *s, int i) {
   q->avg = NULL;
 }
 
+/* An MPI error: the transport has failed. */
+static mtopt_status_t fail(mtopt__transport_t *t, int rc, const char *what) {
+  t->failed = 1;
+  return mtopt__mpi_fail(t->ctx, rc, what);
+}
+
 /* Records an issued collective: the average to finish later, at one rank
  * none (the sum is the average). */
 static mtopt_status_t issued(mtopt__transport_slots_t *s, int i, int rc, float *avg, int64_t n,
                              const char *what) {
-  if (rc != MPI_SUCCESS) return mtopt__mpi_fail(s->t->ctx, rc, what);
+  if (rc != MPI_SUCCESS) return fail(s->t, rc, what);
   s->slot[i].avg = s->t->world > 1 ? avg : NULL;
   s->slot[i].avg_len = n;
   return MTOPT_STATUS_SUCCESS;
@@ -164,6 +222,7 @@ static mtopt_status_t issued(mtopt__transport_slots_t *s, int i, int rc, float *
 
 static mtopt_status_t mpi_allreduce_avg(mtopt__transport_slots_t *s, int i, float *buf,
                                         int64_t count, const char *what) {
+  CHECK(usable(s->t, what));
   const int rc = MPI_Iallreduce(MPI_IN_PLACE, buf, (int)count, MPI_FLOAT, MPI_SUM, s->t->comm,
                                 &s->slot[i].req);
   return issued(s, i, rc, buf, count, what);
@@ -172,6 +231,7 @@ static mtopt_status_t mpi_allreduce_avg(mtopt__transport_slots_t *s, int i, floa
 static mtopt_status_t mpi_reduce_scatter_avg(mtopt__transport_slots_t *s, int i,
                                              const float *send, float *recv, int64_t recvcount,
                                              const char *what) {
+  CHECK(usable(s->t, what));
   const int rc = MPI_Ireduce_scatter_block(send, recv, (int)recvcount, MPI_FLOAT, MPI_SUM,
                                            s->t->comm, &s->slot[i].req);
   return issued(s, i, rc, recv, recvcount, what);
@@ -179,6 +239,7 @@ static mtopt_status_t mpi_reduce_scatter_avg(mtopt__transport_slots_t *s, int i,
 
 static mtopt_status_t mpi_allgather(mtopt__transport_slots_t *s, int i, float *buf,
                                     int64_t count, const char *what) {
+  CHECK(usable(s->t, what));
   const int rc = MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, (int)count, MPI_FLOAT,
                                 s->t->comm, &s->slot[i].req);
   return issued(s, i, rc, NULL, 0, what);
@@ -187,7 +248,7 @@ static mtopt_status_t mpi_allgather(mtopt__transport_slots_t *s, int i, float *b
 static mtopt_status_t mpi_test(mtopt__transport_slots_t *s, int i, int *done, const char *what) {
   *done = 0;
   const int rc = MPI_Test(&s->slot[i].req, done, MPI_STATUS_IGNORE);
-  if (rc != MPI_SUCCESS) return mtopt__mpi_fail(s->t->ctx, rc, what);
+  if (rc != MPI_SUCCESS) return fail(s->t, rc, what);
   if (*done) landed(s, i);
   return MTOPT_STATUS_SUCCESS;
 }
@@ -195,7 +256,7 @@ static mtopt_status_t mpi_test(mtopt__transport_slots_t *s, int i, int *done, co
 static mtopt_status_t mpi_wait_slot(mtopt__transport_slots_t *s, int i, mtopt__consumer_t who,
                                     const char *what) {
   (void)who; /* every consumer is the host */
-  CHECK(mpi_wait(s->t->ctx, &s->slot[i].req, s->t->timeout_ms, what));
+  CHECK(wait_req(s->t, &s->slot[i].req, deadline_in(s->t->timeout_ms), what));
   landed(s, i);
   return MTOPT_STATUS_SUCCESS;
 }
@@ -208,40 +269,48 @@ static mtopt_status_t mpi_poke(mtopt__transport_slots_t *s, int first, int end) 
     if (s->slot[j].req == MPI_REQUEST_NULL) continue;
     int done = 0;
     const int rc = MPI_Test(&s->slot[j].req, &done, MPI_STATUS_IGNORE);
-    if (rc != MPI_SUCCESS) return mtopt__mpi_fail(s->t->ctx, rc, reduction);
+    if (rc != MPI_SUCCESS) return fail(s->t, rc, reduction);
     return MTOPT_STATUS_SUCCESS;
   }
   return MTOPT_STATUS_SUCCESS;
 }
 
-/* Outstanding requests point into the optimizer's buffers: each is waited for
- * (bounded); ones that never finish are counted, and their memory is leaked
- * by the caller, not freed under MPI's feet. */
+/* Outstanding requests point into the optimizer's buffers: all are waited
+ * for until one deadline, timeout_ms from now (after a failure, each is
+ * tested once), so destroy takes at most one timeout however many are
+ * pending; ones that never finish are counted, and their memory is leaked by
+ * the caller, not freed under MPI's feet. */
 static mtopt_status_t mpi_drain(mtopt__transport_slots_t *s, int *leaked) {
-  for (int i = 0; i < s->count; i++) {
-    if (s->slot[i].req == MPI_REQUEST_NULL) continue;
-    if (mpi_wait(s->t->ctx, &s->slot[i].req, s->t->timeout_ms, "mtopt_dist_optimizer_destroy") !=
-        MTOPT_STATUS_SUCCESS)
+  const double deadline = deadline_in(s->t->timeout_ms);
+  for (int i = 0; i < s->count; i++)
+    if (s->slot[i].req != MPI_REQUEST_NULL &&
+        wait_req(s->t, &s->slot[i].req, deadline, "mtopt_dist_optimizer_destroy") !=
+            MTOPT_STATUS_SUCCESS)
       (*leaked)++;
-  }
   return MTOPT_STATUS_SUCCESS;
 }
 
 /* Every rank's partial (sum of squares, non-finite count) gathered and
  * summed in rank order, so every rank derives the same clip factor to the
- * bit. */
+ * bit. Both buffers on the heap (the send part after every rank's): a
+ * gather that times out leaks them with its request rather than leave MPI
+ * the optimizer's plan, which destroy frees. */
 static mtopt_status_t mpi_sum_stats(mtopt__transport_t *t, double *stats) {
+  static const char what[] = "mtopt_dist_step: gradient norm";
   mtopt_context_t *ctx = t->ctx;
-  double *all = malloc((size_t)t->world * 2 * sizeof *all);
+  CHECK(usable(t, what));
+  double *all = malloc((size_t)(t->world + 1) * 2 * sizeof *all);
   if (!all) return mtopt__error(ctx, MTOPT_STATUS_OUT_OF_MEMORY, "mtopt_dist_step: malloc failed");
+  double *mine = all + 2 * t->world;
+  mine[0] = stats[0];
+  mine[1] = stats[1];
   MPI_Request r;
-  int rc = MPI_Iallgather(stats, 2, MPI_DOUBLE, all, 2, MPI_DOUBLE, t->comm, &r);
+  int rc = MPI_Iallgather(mine, 2, MPI_DOUBLE, all, 2, MPI_DOUBLE, t->comm, &r);
   if (rc != MPI_SUCCESS) {
     free(all);
-    return mtopt__mpi_fail(ctx, rc, "mtopt_dist_step: gradient norm");
+    return fail(t, rc, what);
   }
-  mtopt_status_t st = mpi_wait(ctx, &r, t->timeout_ms, "mtopt_dist_step: gradient norm");
-  if (st != MTOPT_STATUS_SUCCESS) return st; /* `all` leaks with the pending request */
+  CHECK(wait_req(t, &r, deadline_in(t->timeout_ms), what)); /* `all` leaks if pending */
   double sum = 0.0, bad = 0.0;
   for (int q = 0; q < t->world; q++) {
     sum += all[2 * q];
@@ -259,13 +328,12 @@ static mtopt_status_t mpi_copy(mtopt__transport_t *t, void *dst, const void *src
   return MTOPT_STATUS_SUCCESS;
 }
 
-/* ------------------------------------- ordering: nothing to order here -- */
-
+/* The look for a failure: whether an earlier collective failed. */
 static mtopt_status_t mpi_check(mtopt__transport_t *t, const char *what) {
-  (void)t;
-  (void)what;
-  return MTOPT_STATUS_SUCCESS;
+  return usable(t, what);
 }
+
+/* ------------------------------------- ordering: nothing to order here -- */
 
 static mtopt_status_t mpi_nothing(mtopt__transport_t *t) {
   (void)t;

@@ -31,7 +31,6 @@
  * Device: the runtime's current device is per host thread and belongs to the
  * caller; every entry point makes the context's device current and puts the
  * caller's back (as backend_cuda.c does). */
-#include <sched.h>
 #include <stdlib.h>
 
 #include "clock.h"
@@ -52,7 +51,7 @@ struct mtopt__transport_slots {
 
 /* After an asynchronous error or a timeout: an owned communicator is aborted
  * (its kernels stop, so the streams drain and buffers can be freed). */
-static void abort_owned(nccl_t *n) {
+void mtopt__nccl_abort(nccl_t *n) {
   n->failed = 1;
   if (n->owned && n->comm) {
     (void)ncclCommAbort(n->comm);
@@ -88,15 +87,28 @@ static mtopt_status_t nccl_check(nccl_t *n, const char *what) {
   CHECK(mtopt__nccl_usable(n, what));
   const ncclResult_t r = async_error(n);
   if (r != ncclSuccess) {
-    abort_owned(n);
+    mtopt__nccl_abort(n);
     return nccl_fail(n->ctx, r, what);
   }
   return MTOPT_STATUS_SUCCESS;
 }
 
+/* A stream's state: done (1), not yet (0), or a CUDA error (-1, set). */
+static int stream_done(nccl_t *n, cudaStream_t s, mtopt_status_t *st, const char *what) {
+  const cudaError_t e = cudaStreamQuery(s);
+  if (e == cudaSuccess) return 1;
+  if (e == cudaErrorNotReady) return 0;
+  *st = mtopt__cuda_fail(n->ctx, e, what);
+  return -1;
+}
+
 /* Polls the communication, steps' and context's streams with the NCCL
- * asynchronous error, at most timeout_ms. On expiry or an NCCL error an
- * owned communicator is aborted (its kernels stop), so the streams drain. */
+ * asynchronous error until one deadline, timeout_ms from the call, sleeping
+ * between polls once the wait grows long (clock.h). Any failure (expiry, an
+ * NCCL or a CUDA error) marks the transport failed and aborts an owned
+ * communicator (its kernels stop, so the streams drain): every later call
+ * is refused at once (mtopt__nccl_usable), destroy included, so nothing
+ * waits a second time. */
 mtopt_status_t mtopt__nccl_synchronize(nccl_t *n) {
   mtopt_context_t *ctx = n->ctx;
   static const char fn[] = "mtopt_dist_synchronize";
@@ -104,36 +116,32 @@ mtopt_status_t mtopt__nccl_synchronize(nccl_t *n) {
   mtopt__device_guard_t g_;
   CHECK(mtopt__device_enter(ctx, &g_));
   mtopt_status_t st_ = MTOPT_STATUS_SUCCESS;
-  const double deadline = mtopt__now_ms() + n->timeout_ms;
+  const double start = mtopt__now_ms();
   const cudaStream_t s2 = ctx_stream(ctx);
-  for (unsigned spin = 0;; spin++) {
+  for (;;) {
     const ncclResult_t async = async_error(n);
     if (async != ncclSuccess) {
-      abort_owned(n);
       st_ = nccl_fail(ctx, async, fn);
-      goto done;
+      break;
     }
-    const cudaError_t e1 = cudaStreamQuery(n->stream);
-    const cudaError_t e2 = cudaStreamQuery(s2);
-    const cudaError_t e3 = cudaStreamQuery(n->steps);
-    if (e1 == cudaSuccess && e2 == cudaSuccess && e3 == cudaSuccess) goto done;
-    if (e1 != cudaSuccess && e1 != cudaErrorNotReady) CUDA_TRY(ctx, e1, fn);
-    if (e2 != cudaSuccess && e2 != cudaErrorNotReady) CUDA_TRY(ctx, e2, fn);
-    if (e3 != cudaSuccess && e3 != cudaErrorNotReady) CUDA_TRY(ctx, e3, fn);
-    if (n->timeout_ms > 0 && (spin & 15) == 0 && mtopt__now_ms() > deadline) {
-      const int owned = n->owned;
-      abort_owned(n);
+    const int d1 = stream_done(n, n->stream, &st_, fn);
+    const int d2 = d1 < 0 ? -1 : stream_done(n, s2, &st_, fn);
+    const int d3 = d2 < 0 ? -1 : stream_done(n, n->steps, &st_, fn);
+    if (d3 < 0) break;
+    if (d1 && d2 && d3) break;
+    const double waited = mtopt__now_ms() - start;
+    if (n->timeout_ms > 0 && waited > n->timeout_ms) {
       st_ = mtopt__error(ctx, MTOPT_STATUS_COMM_ERROR,
                          "%s: the collectives did not finish within timeout_ms = %d (a rank "
                          "did not join, or the network stalled); %s",
                          fn, n->timeout_ms,
-                         owned ? "the NCCL communicator was aborted"
-                               : "the caller's NCCL communicator was left as it is");
-      goto done;
+                         n->owned ? "the NCCL communicator was aborted"
+                                  : "the caller's NCCL communicator was left as it is");
+      break;
     }
-    sched_yield();
+    mtopt__poll_pause(waited);
   }
-done:
+  if (st_ != MTOPT_STATUS_SUCCESS) mtopt__nccl_abort(n);
   mtopt__device_leave(&g_);
   return st_;
 }

@@ -90,6 +90,9 @@ MTOPT__HIDDEN mtopt_status_t mtopt__nccl_max_i64(nccl_t *n, int64_t *host, int c
 /* Operations (transport_nccl.c). COMM_ERROR if the communicator failed
  * earlier (or was aborted). */
 MTOPT__HIDDEN mtopt_status_t mtopt__nccl_usable(nccl_t *n, const char *what);
+/* Marks the transport failed (every later call is refused) and aborts an
+ * owned communicator, so that its kernels stop and nothing waits on them. */
+MTOPT__HIDDEN void mtopt__nccl_abort(nccl_t *n);
 /* Waits for the communication, steps' and context's streams, at most
  * timeout_ms; reports asynchronous NCCL errors; aborts an owned communicator
  * on expiry. */

@@ -225,9 +225,14 @@ mtopt_status_t mtopt__nccl_destroy(nccl_t *n) {
  * timeout. */
 mtopt_status_t mtopt__nccl_max_i64(nccl_t *n, int64_t *host, int count, const char *what) {
   mtopt_context_t *ctx = n->ctx;
-  if (n->boot != MPI_COMM_NULL)
-    return mtopt__mpi_max_i64(ctx, n->boot, n->timeout_ms, host, count, what);
   CHECK(mtopt__nccl_usable(n, what));
+  if (n->boot != MPI_COMM_NULL) {
+    /* A reduction left pending on the set-up communicator would pair with
+     * the next one: the transport has failed. */
+    const mtopt_status_t st = mtopt__mpi_max_i64(ctx, n->boot, n->timeout_ms, host, count, what);
+    if (st == MTOPT_STATUS_COMM_ERROR) mtopt__nccl_abort(n);
+    return st;
+  }
   if (count <= 0) return MTOPT_STATUS_SUCCESS;
   mtopt__device_guard_t g_;
   CHECK(mtopt__device_enter(ctx, &g_));

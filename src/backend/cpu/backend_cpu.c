@@ -14,11 +14,6 @@
 #include "cpu_kernels.h"
 #include "cpu_mixed.h"
 
-static mtopt_status_t cpu_init(mtopt_context_t *ctx) {
-  (void)ctx;
-  return MTOPT_STATUS_SUCCESS;
-}
-
 static void cpu_fini(mtopt_context_t *ctx) { (void)ctx; }
 
 static mtopt_status_t cpu_alloc(mtopt_context_t *ctx, size_t bytes, void **out) {
@@ -70,6 +65,40 @@ static int cpu_threads(const mtopt_context_t *ctx) {
 #endif
 }
 
+/* Whether a pass runs on the calling thread alone: one thread asked for, or
+ * inside a parallel region whose nested regions would get one thread anyway.
+ * A region of one thread still costs libgomp a team allocation (teams of one
+ * are not cached), so it is not entered. */
+static int cpu_serial(int nt) {
+#ifdef _OPENMP
+  return nt <= 1 || omp_get_active_level() >= omp_get_max_active_levels();
+#else
+  (void)nt;
+  return 1;
+#endif
+}
+
+/* The OpenMP runtime cannot report failure: libgomp prints "Out of memory
+ * allocating N bytes" (or "Thread creation failed") and exits the process
+ * when it cannot allocate its thread pool, a team or a thread. It allocates
+ * them at the first parallel region of a thread count on a calling thread
+ * and keeps the last team for the next region of the same count. So the
+ * context runs one empty region of its thread count here: the pool, the team
+ * and the threads are made at mtopt_context_create, and a step on the same
+ * thread reuses them without allocating. If they cannot be made, the process
+ * still exits, here, inside libgomp: no call can turn that into a status.
+ * What this does not cover: a step from another host thread than the
+ * creating one (its first region makes that thread's pool and team), and
+ * regions of another thread count run in between on the same thread (they
+ * replace the kept team). */
+static mtopt_status_t cpu_init(mtopt_context_t *ctx) {
+  const int nt = cpu_threads(ctx);
+  if (cpu_serial(nt)) return MTOPT_STATUS_SUCCESS;
+#pragma omp parallel num_threads(nt)
+  { __asm__ volatile("" ::: "memory"); /* an empty region the compiler keeps */ }
+  return MTOPT_STATUS_SUCCESS;
+}
+
 /* ---- passes over one chunk ---- */
 
 /* The chunk's sum of squares in MTOPT__CPU_LANES partial sums (cpu_kernels.h),
@@ -81,20 +110,20 @@ static void stats_chunk(const mtopt__plan_t *p, int64_t c, float inv) {
     return;
   }
   const float *restrict g = p->tensors[ch.tensor].g + ch.start;
-  float lanes[MTOPT__CPU_LANES] = {0.0f};
+  mtopt__sum_t lanes[MTOPT__CPU_LANES] = {0.0};
   uint32_t bad = 0;
   int32_t i = 0;
   for (; i + MTOPT__CPU_LANES <= ch.len; i += MTOPT__CPU_LANES) {
 #pragma omp simd reduction(+ : bad)
     for (int32_t j = 0; j < MTOPT__CPU_LANES; j++) {
       const float x = g[i + j] * inv;
-      lanes[j] += x * x;
+      lanes[j] += (mtopt__sum_t)x * x;
       bad += !isfinite(x);
     }
   }
   for (int32_t j = 0; i < ch.len; i++, j++) {
     const float x = g[i] * inv;
-    lanes[j] += x * x;
+    lanes[j] += (mtopt__sum_t)x * x;
     bad += !isfinite(x);
   }
   p->slot_gsq[c] = mtopt__cpu_fold(lanes);
@@ -165,8 +194,8 @@ static void lamb_apply_loop(const mtopt__scalars_t s, const float step, float *r
 MTOPT__CPU_CLONES
 static void lamb_moments_loop(const mtopt__scalars_t s, const float *restrict w,
                               const float *restrict g, float *restrict m, float *restrict v,
-                              int32_t n, float *wsq_out, float *usq_out) {
-  float wl[MTOPT__CPU_LANES] = {0.0f}, ul[MTOPT__CPU_LANES] = {0.0f};
+                              int32_t n, mtopt__sum_t *wsq_out, mtopt__sum_t *usq_out) {
+  mtopt__sum_t wl[MTOPT__CPU_LANES] = {0.0}, ul[MTOPT__CPU_LANES] = {0.0};
   int32_t i = 0;
   for (; i + MTOPT__CPU_LANES <= n; i += MTOPT__CPU_LANES) {
 #pragma omp simd
@@ -176,8 +205,8 @@ static void lamb_moments_loop(const mtopt__scalars_t s, const float *restrict w,
       const float u = mtopt__lamb_moments_elem(&s, g[i + j], wi, &mi, &vi);
       m[i + j] = mi;
       v[i + j] = vi;
-      wl[j] += wi * wi;
-      ul[j] += u * u;
+      wl[j] += (mtopt__sum_t)wi * wi;
+      ul[j] += (mtopt__sum_t)u * u;
     }
   }
   for (int32_t j = 0; i < n; i++, j++) {
@@ -186,8 +215,8 @@ static void lamb_moments_loop(const mtopt__scalars_t s, const float *restrict w,
     const float u = mtopt__lamb_moments_elem(&s, g[i], wi, &mi, &vi);
     m[i] = mi;
     v[i] = vi;
-    wl[j] += wi * wi;
-    ul[j] += u * u;
+    wl[j] += (mtopt__sum_t)wi * wi;
+    ul[j] += (mtopt__sum_t)u * u;
   }
   *wsq_out = mtopt__cpu_fold(wl);
   *usq_out = mtopt__cpu_fold(ul);
@@ -227,12 +256,12 @@ static void lamb_apply_chunk(const mtopt__plan_t *p, const mtopt__hyper_t *h, in
   const mtopt__chunk_rec_t ch = p->chunks[c];
   const mtopt__tensor_rec_t *t = &p->tensors[ch.tensor];
   const mtopt__scalars_t s = mtopt__chunk_scalars(h, &p->groups[t->group], t);
-  double wsq = 0.0, usq = 0.0;
+  mtopt__sum_t wsq = 0.0, usq = 0.0;
   for (int64_t k = t->first_chunk; k < t->first_chunk + t->num_chunks; k++) {
     wsq += p->slot_wsq[k];
     usq += p->slot_usq[k];
   }
-  const float step = mtopt__lamb_step(h, &s, (float)wsq, (float)usq);
+  const float step = mtopt__lamb_step(h, &s, wsq, usq);
   if (!p->all_f32) {
     mtopt__cpu_lamb_apply_mixed(p, h, &s, c, step);
     return;
@@ -240,23 +269,31 @@ static void lamb_apply_chunk(const mtopt__plan_t *p, const mtopt__hyper_t *h, in
   lamb_apply_loop(s, step, t->w + ch.start, t->s0 + ch.start, t->s1 + ch.start, ch.len);
 }
 
+static void run_chunk(const mtopt__plan_t *p, const mtopt__hyper_t *h, mtopt__pass_t pass,
+                      float inv, int64_t c) {
+  if (pass == MTOPT__PASS_STATS)
+    stats_chunk(p, c, inv);
+  else if (pass == MTOPT__PASS_UPDATE)
+    update_chunk(p, h, c);
+  else
+    lamb_apply_chunk(p, h, c);
+}
+
+/* Allocates nothing: the chunk loops use the stack, and the parallel region
+ * reuses the team cpu_init made (see there). */
 static mtopt_status_t cpu_run_pass(mtopt_context_t *ctx, const mtopt__plan_t *p,
                                    mtopt__pass_t pass, int64_t c0, int64_t c1,
                                    void *const *stream) {
   (void)stream;
   mtopt__hyper_t *h = p->hyper;
   const int nt = cpu_threads(ctx);
-  if (pass == MTOPT__PASS_STATS) {
-    const float inv = mtopt__inv_loss_scale(h);
+  const float inv = pass == MTOPT__PASS_STATS ? mtopt__inv_loss_scale(h) : 0.0f;
+  if (pass == MTOPT__PASS_STATS || !h->skip) {
+    if (cpu_serial(nt)) {
+      for (int64_t c = c0; c < c1; c++) run_chunk(p, h, pass, inv, c);
+    } else {
 #pragma omp parallel for schedule(static) num_threads(nt)
-    for (int64_t c = c0; c < c1; c++) stats_chunk(p, c, inv);
-  } else if (!h->skip) {
-#pragma omp parallel for schedule(static) num_threads(nt)
-    for (int64_t c = c0; c < c1; c++) {
-      if (pass == MTOPT__PASS_UPDATE)
-        update_chunk(p, h, c);
-      else
-        lamb_apply_chunk(p, h, c);
+      for (int64_t c = c0; c < c1; c++) run_chunk(p, h, pass, inv, c);
     }
   }
   h->chunks_done += (uint32_t)(c1 - c0);

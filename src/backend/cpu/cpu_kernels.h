@@ -5,6 +5,8 @@
 
 #include <stdint.h>
 
+#include "../../common/plan.h"
+
 /* ---- run-time ISA dispatch ----
  * The library is built for the baseline ISA (MTOPT_NATIVE off), where gcc
  * cannot vectorise fmaf (it calls libm's). So the element-wise loops are
@@ -30,11 +32,13 @@
  * i % MTOPT__CPU_LANES, each in element order, and the partial sums are added
  * in lane order. So the fp32 loops (vectorised over the lanes), the
  * mixed-precision loops (an element at a time) and every ISA give the same
- * bits. */
+ * bits. The partial sums are doubles (mtopt__sum_t, plan.h), each square
+ * taken in double: the square of a float is exact there, so one large finite
+ * element (1e20, 3e38) cannot overflow the sum as it would in float. */
 #define MTOPT__CPU_LANES 16
 
-static inline float mtopt__cpu_fold(const float lanes[MTOPT__CPU_LANES]) {
-  float s = 0.0f;
+static inline mtopt__sum_t mtopt__cpu_fold(const mtopt__sum_t lanes[MTOPT__CPU_LANES]) {
+  mtopt__sum_t s = 0.0;
   for (int j = 0; j < MTOPT__CPU_LANES; j++) s += lanes[j];
   return s;
 }

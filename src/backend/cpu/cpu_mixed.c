@@ -10,11 +10,11 @@
 void mtopt__cpu_stats_mixed(const mtopt__plan_t *p, int64_t c, float inv) {
   const mtopt__chunk_rec_t ch = p->chunks[c];
   const mtopt__tensor_rec_t *t = &p->tensors[ch.tensor];
-  float lanes[MTOPT__CPU_LANES] = {0.0f};
+  mtopt__sum_t lanes[MTOPT__CPU_LANES] = {0.0};
   uint32_t bad = 0;
   for (int32_t i = 0; i < ch.len; i++) {
     const float x = mtopt__grad_elem(t, ch.start + i) * inv;
-    lanes[i % MTOPT__CPU_LANES] += x * x;
+    lanes[i % MTOPT__CPU_LANES] += (mtopt__sum_t)x * x;
     bad += !isfinite(x);
   }
   p->slot_gsq[c] = mtopt__cpu_fold(lanes);
@@ -27,7 +27,7 @@ void mtopt__cpu_update_mixed(const mtopt__plan_t *p, const mtopt__hyper_t *h,
   const mtopt__chunk_rec_t ch = p->chunks[c];
   const mtopt__tensor_rec_t *t = &p->tensors[ch.tensor];
   const mtopt__sr_t sr = mtopt__sr_for(p, h, t);
-  float wl[MTOPT__CPU_LANES] = {0.0f}, ul[MTOPT__CPU_LANES] = {0.0f};
+  mtopt__sum_t wl[MTOPT__CPU_LANES] = {0.0}, ul[MTOPT__CPU_LANES] = {0.0};
   for (int32_t i = 0; i < ch.len; i++)
     mtopt__update_elem(p->kind, s, &sr, t, ch.start + i, &wl[i % MTOPT__CPU_LANES],
                        &ul[i % MTOPT__CPU_LANES]);

@@ -38,10 +38,11 @@
  * scalar path. Element offsets inside a chunk fit in int32 (chunk_size <=
  * 2^30); tensor offsets (chunk start) are int64.
  *
- * Determinism: per-chunk partial sums use a fixed thread-to-element mapping
- * and a fixed shuffle tree; cross-chunk sums (statistics, LAMB norms) read the
- * slots in a fixed strided order and reduce with a fixed tree in double. The
- * results do not depend on which block finishes last.
+ * Determinism: per-chunk partial sums (in double: mtopt__sum_t, plan.h) use
+ * a fixed thread-to-element mapping and a fixed shuffle tree; cross-chunk sums
+ * (statistics, LAMB norms) read the slots in a fixed strided order and reduce
+ * with a fixed tree in double. The results do not depend on which block
+ * finishes last.
  */
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -199,13 +200,17 @@ __device__ __forceinline__ void stream_chunk(float *const (&p)[N], int32_t len, 
 
 /* ---- the per-element operations (formulas in step_math.h) ---- */
 
+/* Sums of squares in double (mtopt__sum_t, plan.h): the square of a float is
+ * exact there and a finite gradient cannot overflow the sum (one element of
+ * 1e20 overflows a float sum). The pass stays bandwidth bound: a double
+ * multiply and add per 4 bytes read. */
 struct StatsOp {
   float inv;
-  float acc;
+  double acc;
   uint32_t bad;
   __device__ void operator()(float (&x)[1]) {
     const float y = x[0] * inv;
-    acc += y * y;
+    acc += (double)y * y;
     bad += !isfinite(y);
   }
 };
@@ -233,12 +238,12 @@ struct SgdOp { /* x = w, g; s.momentum is 0 */
 
 struct LambMomentsOp { /* x = w, g, m, v */
   mtopt__scalars_t s;
-  float wsq, usq;
+  double wsq, usq; /* in double, as StatsOp */
   __device__ void operator()(float (&x)[4]) {
     const float w = x[0];
     const float u = mtopt__lamb_moments_elem(&s, x[1], w, &x[2], &x[3]);
-    wsq += w * w;
-    usq += u * u;
+    wsq += (double)w * w;
+    usq += (double)u * u;
   }
 };
 
@@ -281,7 +286,7 @@ __device__ void finish_block(const mtopt__plan_t &p, unsigned chunks) {
      * thread stays sequential); this loop is on the step's critical path. */
 #pragma unroll 8
     for (int64_t k = threadIdx.x; k < p.num_chunks; k += kBlock) {
-      sumsq += (double)__ldcg(&p.slot_gsq[k]);
+      sumsq += __ldcg(&p.slot_gsq[k]);
       bad += __ldcg(&p.slot_nonfinite[k]);
     }
     sumsq = block_sum(sumsq);
@@ -347,17 +352,17 @@ __device__ __forceinline__ void load_view(const mtopt__plan_t &p, int64_t c,
  * elements. ---- */
 
 template <int TEAM>
-__device__ __forceinline__ void mixed_stats(const ChunkView &v, float &acc, unsigned &bad) {
+__device__ __forceinline__ void mixed_stats(const ChunkView &v, double &acc, unsigned &bad) {
   const mtopt__tensor_rec_t t = v.rec;
   for (int32_t i = team_lane<TEAM>(); i < v.len; i += TEAM) {
     const float x = mtopt__grad_elem(&t, v.start + i) * v.inv;
-    acc += x * x;
+    acc += (double)x * x;
     bad += !isfinite(x);
   }
 }
 
 template <int TEAM, int KIND>
-__device__ __forceinline__ void mixed_update(const ChunkView &v, float &wsq, float &usq) {
+__device__ __forceinline__ void mixed_update(const ChunkView &v, double &wsq, double &usq) {
   const mtopt__tensor_rec_t t = v.rec;
   const mtopt__scalars_t s = v.s;
   const mtopt__sr_t sr = v.sr;
@@ -383,13 +388,13 @@ __device__ __forceinline__ float lamb_chunk_step(const mtopt__plan_t &p, const C
 #pragma unroll 4
   for (int64_t k = v.first_chunk + team_lane<TEAM>(); k < v.first_chunk + v.num_chunks;
        k += TEAM) {
-    wsq += (double)p.slot_wsq[k];
-    usq += (double)p.slot_usq[k];
+    wsq += p.slot_wsq[k];
+    usq += p.slot_usq[k];
   }
   wsq = team_sum<TEAM>(wsq);
   usq = team_sum<TEAM>(usq);
   float step = 0.0f;
-  if (team_lane<TEAM>() == 0) step = mtopt__lamb_step(p.hyper, &v.s, (float)wsq, (float)usq);
+  if (team_lane<TEAM>() == 0) step = mtopt__lamb_step(p.hyper, &v.s, wsq, usq);
   if constexpr (TEAM == kBlock) {
     __shared__ float shared_step;
     if (threadIdx.x == 0) shared_step = step;
@@ -408,10 +413,10 @@ __device__ __forceinline__ void do_chunk(const mtopt__plan_t &p, int64_t c, Chun
   if (team_lane<TEAM>() == 0) load_view<PASS>(p, c, v);
   team_sync<TEAM>();
   if constexpr (PASS == MTOPT__PASS_STATS) {
-    float acc = 0.0f;
+    double acc = 0.0;
     unsigned bad = 0u;
     if (p.all_f32) {
-      StatsOp op{v.inv, 0.0f, 0u};
+      StatsOp op{v.inv, 0.0, 0u};
       float *const arr[1] = {v.g};
       stream_chunk<TEAM, 1, 0u>(arr, v.len, op);
       acc = op.acc;
@@ -428,7 +433,7 @@ __device__ __forceinline__ void do_chunk(const mtopt__plan_t &p, int64_t c, Chun
   } else if (v.skip) {
     /* a skipped step changes nothing; its chunks still count */
   } else if constexpr (PASS == MTOPT__PASS_UPDATE) {
-    float wsq = 0.0f, usq = 0.0f; /* LAMB: the chunk's sums of w^2 and u^2 */
+    double wsq = 0.0, usq = 0.0; /* LAMB: the chunk's sums of w^2 and u^2 */
     if (!p.all_f32) {
       mixed_update<TEAM, KIND>(v, wsq, usq);
     } else if constexpr (KIND == MTOPT__KIND_ADAMW || KIND == MTOPT__KIND_ADAM) {
@@ -447,7 +452,7 @@ __device__ __forceinline__ void do_chunk(const mtopt__plan_t &p, int64_t c, Chun
         stream_chunk<TEAM, 2, 0x1u>(arr, v.len, op);
       }
     } else { /* LAMB stage 1: moments */
-      LambMomentsOp op{v.s, 0.0f, 0.0f};
+      LambMomentsOp op{v.s, 0.0, 0.0};
       float *const arr[4] = {v.w, v.g, v.s0, v.s1};
       stream_chunk<TEAM, 4, 0xCu>(arr, v.len, op); /* store m, v */
       wsq = op.wsq;
