@@ -50,6 +50,7 @@
 
 #include "../../common/step_elem.h"
 #include "launch.h"
+#include "mixed_vec.cuh"
 
 namespace {
 
@@ -366,6 +367,10 @@ __device__ __forceinline__ void mixed_update(const ChunkView &v, double &wsq, do
   const mtopt__tensor_rec_t t = v.rec;
   const mtopt__scalars_t s = v.s;
   const mtopt__sr_t sr = v.sr;
+  /* F32/BF16 layouts of AdamW, Adam and SGD: 8 elements at a time (mixed_vec.cuh) */
+  if constexpr (KIND != MTOPT__KIND_LAMB) {
+    if (mixed_vec::update<TEAM, KIND>(t, s, sr, v.start, v.len, team_lane<TEAM>())) return;
+  }
   for (int32_t i = team_lane<TEAM>(); i < v.len; i += TEAM)
     mtopt__update_elem(KIND, &s, &sr, &t, v.start + i, &wsq, &usq);
 }

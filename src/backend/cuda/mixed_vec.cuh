@@ -1,0 +1,243 @@
+/*
+ * The UPDATE pass of AdamW, Adam and SGD over a chunk of one of the common
+ * mixed-precision layouts, 8 elements per thread at a time with 16-byte loads
+ * and stores (step_kernels.cu falls back to the element-at-a-time path of
+ * step_elem.h for every other layout, for LAMB and for the statistics pass).
+ *
+ * Layouts (template arguments): parameter W and gradient G in F32 or BF16,
+ * state S in F32 or BF16, master MM none / F32 / remainders. The element
+ * arithmetic is step_elem.h's, operation for operation (the formulas of
+ * step_math.h, the rounding of dtype.h, the same stochastic-rounding draws per
+ * element), so both paths give the same bits; only the memory access differs.
+ *
+ * A group of 8 elements needs every array 16-byte aligned at its first
+ * element: the library places its arrays (state, masters, gradient buffer)
+ * to reach a 16-byte boundary at the same element as the parameter
+ * (core/layout.c), so i0, the parameter's first aligned element, serves all;
+ * a user gradient at another phase sends the chunk down the scalar path.
+ */
+#ifndef MTOPT_BACKEND_CUDA_MIXED_VEC_CUH
+#define MTOPT_BACKEND_CUDA_MIXED_VEC_CUH
+
+#include "../../common/step_elem.h"
+
+namespace mixed_vec {
+
+/* 8 raw 16-bit words of a 16-byte-aligned group. */
+__device__ __forceinline__ void ld16(const void *base, int64_t i, uint16_t (&h)[8]) {
+  const uint4 u = __ldcs(reinterpret_cast<const uint4 *>(static_cast<const uint16_t *>(base) + i));
+  const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+  for (int k = 0; k < 4; k++) {
+    h[2 * k] = (uint16_t)(w[k] & 0xffffu);
+    h[2 * k + 1] = (uint16_t)(w[k] >> 16);
+  }
+}
+
+__device__ __forceinline__ void st16(void *base, int64_t i, const uint16_t (&h)[8]) {
+  uint4 u;
+  u.x = (uint32_t)h[0] | ((uint32_t)h[1] << 16);
+  u.y = (uint32_t)h[2] | ((uint32_t)h[3] << 16);
+  u.z = (uint32_t)h[4] | ((uint32_t)h[5] << 16);
+  u.w = (uint32_t)h[6] | ((uint32_t)h[7] << 16);
+  __stcs(reinterpret_cast<uint4 *>(static_cast<uint16_t *>(base) + i), u);
+}
+
+/* 8 elements of dtype DT (F32 or BF16) as floats. */
+template <int DT>
+__device__ __forceinline__ void ld8(const void *base, int64_t i, float (&x)[8]) {
+  if constexpr (DT == MTOPT__DT_F32) {
+    const float4 *q = reinterpret_cast<const float4 *>(static_cast<const float *>(base) + i);
+    const float4 a = __ldcs(q), b = __ldcs(q + 1);
+    x[0] = a.x, x[1] = a.y, x[2] = a.z, x[3] = a.w;
+    x[4] = b.x, x[5] = b.y, x[6] = b.z, x[7] = b.w;
+  } else {
+    uint16_t h[8];
+    ld16(base, i, h);
+#pragma unroll
+    for (int k = 0; k < 8; k++) x[k] = mtopt__bf16_to_f32(h[k]);
+  }
+}
+
+__device__ __forceinline__ void st8f(void *base, int64_t i, const float (&x)[8]) {
+  float4 *q = reinterpret_cast<float4 *>(static_cast<float *>(base) + i);
+  __stcs(q, make_float4(x[0], x[1], x[2], x[3]));
+  __stcs(q + 1, make_float4(x[4], x[5], x[6], x[7]));
+}
+
+/* Stores 8 values in DT, rounded as mtopt__st does (BF16: stochastically from
+ * the 16 bits of r[k] >> shift when sr). */
+template <int DT>
+__device__ __forceinline__ void st8(void *base, int64_t i, const float (&x)[8], int sr,
+                                    const uint32_t (&r)[8], int shift) {
+  if constexpr (DT == MTOPT__DT_F32) {
+    st8f(base, i, x);
+  } else {
+    uint16_t h[8];
+#pragma unroll
+    for (int k = 0; k < 8; k++)
+      h[k] = sr ? mtopt__f32_to_bf16_sr(x[k], (r[k] >> shift) & 0xffffu) : mtopt__f32_to_bf16(x[k]);
+    st16(base, i, h);
+  }
+}
+
+/* The weights of a group: the master where there is one (mtopt__ld_weight). */
+template <int W, int MM>
+__device__ __forceinline__ void ld_weight8(const mtopt__tensor_rec_t &t, int64_t i,
+                                           float (&w)[8]) {
+  if constexpr (MM == MTOPT__MASTER_F32) {
+    ld8<MTOPT__DT_F32>(t.mw, i, w);
+  } else if constexpr (MM == MTOPT__MASTER_REMAINDER) {
+    uint16_t p[8], r[8];
+    ld16(t.w, i, p);
+    ld16(t.mw, i, r);
+#pragma unroll
+    for (int k = 0; k < 8; k++) w[k] = mtopt__join_master(p[k], r[k]);
+  } else {
+    ld8<W>(t.w, i, w);
+  }
+}
+
+/* mtopt__st_weight for a group. */
+template <int W, int MM>
+__device__ __forceinline__ void st_weight8(const mtopt__tensor_rec_t &t, int64_t i,
+                                           const float (&w)[8], int sr, const uint32_t (&r)[8]) {
+  if constexpr (MM == MTOPT__MASTER_F32) {
+    st8f(t.mw, i, w);
+    uint16_t h[8];
+#pragma unroll
+    for (int k = 0; k < 8; k++) h[k] = mtopt__f32_to_bf16(w[k]);
+    st16(t.w, i, h);
+  } else if constexpr (MM == MTOPT__MASTER_REMAINDER) {
+    uint16_t p[8], q[8];
+#pragma unroll
+    for (int k = 0; k < 8; k++) mtopt__split_master(w[k], &p[k], &q[k]);
+    st16(t.w, i, p);
+    st16(t.mw, i, q);
+  } else {
+    st8<W>(t.w, i, w, sr, r, 0);
+  }
+}
+
+/* One group of 8 at element i of the tensor (16-byte aligned in every array):
+ * mtopt__update_elem's arithmetic, element by element. */
+template <int KIND, int W, int G, int S, int MM>
+__device__ __forceinline__ void update8(const mtopt__tensor_rec_t &t, const mtopt__scalars_t &s,
+                                        const mtopt__sr_t &sr, int64_t i) {
+  float g[8], w[8];
+  ld8<G>(t.g, i, g);
+  ld_weight8<W, MM>(t, i, w);
+  uint32_t pm[8], vv[8];
+#pragma unroll
+  for (int k = 0; k < 8; k++) {
+    pm[k] = vv[k] = 0u;
+    if (sr.on) {
+      const int64_t e = t.sr_elem0 + i + k;
+      pm[k] = mtopt__sr_bits(sr.pm, e);
+      vv[k] = mtopt__sr_bits(sr.v, e);
+    }
+  }
+  if constexpr (KIND == MTOPT__KIND_ADAMW || KIND == MTOPT__KIND_ADAM) {
+    float m[8], v[8];
+    ld8<S>(t.s0, i, m);
+    ld8<S>(t.s1, i, v);
+#pragma unroll
+    for (int k = 0; k < 8; k++) mtopt__adam_elem(&s, KIND == MTOPT__KIND_ADAMW, g[k], &w[k], &m[k], &v[k]);
+    st_weight8<W, MM>(t, i, w, sr.on, pm);
+    st8<S>(t.s0, i, m, sr.on, pm, 16);
+    st8<S>(t.s1, i, v, sr.on, vv, 0);
+  } else { /* SGD: momentum is 0 where the tensor has no buffer */
+    float b[8];
+    if (s.momentum != 0.0f) {
+      ld8<S>(t.s0, i, b);
+    } else {
+#pragma unroll
+      for (int k = 0; k < 8; k++) b[k] = 0.0f;
+    }
+#pragma unroll
+    for (int k = 0; k < 8; k++) mtopt__sgd_elem(&s, g[k], &w[k], &b[k]);
+    st_weight8<W, MM>(t, i, w, sr.on, pm);
+    if (s.momentum != 0.0f) st8<S>(t.s0, i, b, sr.on, pm, 16);
+  }
+}
+
+__device__ __forceinline__ int aligned_at(const void *p, int64_t i, int esize) {
+  return p == nullptr || ((uintptr_t)p + (uintptr_t)(i * esize)) % 16u == 0;
+}
+
+/* The chunk [start, start + len) of t: a scalar prologue to the parameter's
+ * 16-byte boundary, groups of 8, a scalar tail; or, where an array is at
+ * another phase, all of it element by element. Every thread of the team
+ * calls it. */
+template <int TEAM, int KIND, int W, int G, int S, int MM>
+__device__ __forceinline__ void update_chunk(const mtopt__tensor_rec_t &t,
+                                             const mtopt__scalars_t &s, const mtopt__sr_t &sr,
+                                             int64_t start, int32_t len, int lane) {
+  constexpr int we = W == MTOPT__DT_F32 ? 4 : 2, ge = G == MTOPT__DT_F32 ? 4 : 2;
+  constexpr int se = S == MTOPT__DT_F32 ? 4 : 2, me = MM == MTOPT__MASTER_F32 ? 4 : 2;
+  const uintptr_t wa = (uintptr_t)t.w + (uintptr_t)(start * we);
+  int32_t i0 = (int32_t)(((16u - wa % 16u) % 16u) / we);
+  if (i0 > len) i0 = len;
+  const int64_t a = start + i0;
+  const int ok = aligned_at(t.g, a, ge) && aligned_at(t.s0, a, se) && aligned_at(t.s1, a, se) &&
+                 (MM == MTOPT__MASTER_NONE || aligned_at(t.mw, a, me));
+  double unused_w = 0.0, unused_u = 0.0;
+  if (!ok) {
+    for (int32_t i = lane; i < len; i += TEAM)
+      mtopt__update_elem(KIND, &s, &sr, &t, start + i, &unused_w, &unused_u);
+    return;
+  }
+  if (lane < i0) mtopt__update_elem(KIND, &s, &sr, &t, start + lane, &unused_w, &unused_u);
+  const int32_t groups = (len - i0) / 8;
+  for (int32_t q = lane; q < groups; q += TEAM) update8<KIND, W, G, S, MM>(t, s, sr, a + 8 * q);
+  const int32_t tail = i0 + 8 * groups;
+  if (lane < len - tail) mtopt__update_elem(KIND, &s, &sr, &t, start + tail + lane, &unused_w, &unused_u);
+}
+
+/* The layouts with a vector path; -1 for the others. */
+__device__ __forceinline__ int layout_of(const mtopt__tensor_rec_t &t) {
+  const int w = t.wdt, g = t.gdt, s = t.sdt, m = t.mmode;
+  const int gs = (g == MTOPT__DT_F32 || g == MTOPT__DT_BF16) && (s == MTOPT__DT_F32 || s == MTOPT__DT_BF16);
+  if (!gs) return -1;
+  if (w == MTOPT__DT_BF16) return m * 8 + (g == MTOPT__DT_BF16) * 2 + (s == MTOPT__DT_BF16);
+  if (w == MTOPT__DT_F32 && m == MTOPT__MASTER_NONE) return 24 + (g == MTOPT__DT_BF16) * 2 + (s == MTOPT__DT_BF16);
+  return -1;
+}
+
+/* Runs the chunk on its layout's vector path; returns 0 where there is none. */
+template <int TEAM, int KIND>
+__device__ __forceinline__ int update(const mtopt__tensor_rec_t &t, const mtopt__scalars_t &s,
+                                      const mtopt__sr_t &sr, int64_t start, int32_t len,
+                                      int lane) {
+  constexpr int F = MTOPT__DT_F32, B = MTOPT__DT_BF16;
+  constexpr int N = MTOPT__MASTER_NONE, M = MTOPT__MASTER_F32, R = MTOPT__MASTER_REMAINDER;
+  switch (layout_of(t)) {
+#define MTOPT__MV_CASE(code, W_, G_, S_, MM_)                                    \
+  case code:                                                                   \
+    update_chunk<TEAM, KIND, W_, G_, S_, MM_>(t, s, sr, start, len, lane);     \
+    return 1;
+    MTOPT__MV_CASE(0, B, F, F, N)
+    MTOPT__MV_CASE(1, B, F, B, N)
+    MTOPT__MV_CASE(2, B, B, F, N)
+    MTOPT__MV_CASE(3, B, B, B, N)
+    MTOPT__MV_CASE(8, B, F, F, M)
+    MTOPT__MV_CASE(9, B, F, B, M)
+    MTOPT__MV_CASE(10, B, B, F, M)
+    MTOPT__MV_CASE(11, B, B, B, M)
+    MTOPT__MV_CASE(16, B, F, F, R)
+    MTOPT__MV_CASE(17, B, F, B, R)
+    MTOPT__MV_CASE(18, B, B, F, R)
+    MTOPT__MV_CASE(19, B, B, B, R)
+    MTOPT__MV_CASE(24, F, F, F, N)
+    MTOPT__MV_CASE(25, F, F, B, N)
+    MTOPT__MV_CASE(26, F, B, F, N)
+    MTOPT__MV_CASE(27, F, B, B, N)
+#undef MTOPT__MV_CASE
+  default:
+    return 0;
+  }
+}
+
+} /* namespace mixed_vec */
+
+#endif /* MTOPT_BACKEND_CUDA_MIXED_VEC_CUH */
