@@ -1,6 +1,7 @@
 /* The CPU backend's passes over a chunk of any dtype combination (plan.h:
  * !all_f32): one element at a time through common/step_elem.h, which the CUDA
- * kernels' mixed path calls too. The dtypes are uniform over a chunk, so the
+ * kernels' mixed path calls too (AdamW, Adam and SGD updates go in tiles:
+ * cpu_tiles.c). The dtypes are uniform over a chunk, so the
  * branches inside the element functions always go the same way. */
 #include "../../common/step_elem.h"
 #include "cpu_kernels.h"
@@ -24,6 +25,10 @@ void mtopt__cpu_stats_mixed(const mtopt__plan_t *p, int64_t c, float inv) {
 MTOPT__CPU_CLONES
 void mtopt__cpu_update_mixed(const mtopt__plan_t *p, const mtopt__hyper_t *h,
                              const mtopt__scalars_t *s, int64_t c) {
+  if (p->kind != MTOPT__KIND_LAMB) { /* AdamW, Adam, SGD: in tiles (cpu_tiles.c) */
+    mtopt__cpu_update_tiles(p, h, s, c);
+    return;
+  }
   const mtopt__chunk_rec_t ch = p->chunks[c];
   const mtopt__tensor_rec_t *t = &p->tensors[ch.tensor];
   const mtopt__sr_t sr = mtopt__sr_for(p, h, t);

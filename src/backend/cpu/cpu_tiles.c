@@ -1,0 +1,140 @@
+/* The CPU backend's UPDATE pass of AdamW, Adam and SGD over a mixed-precision
+ * chunk, in tiles: each array of a tile of TILE elements is widened to fp32
+ * by a loop of its own dtype, the fp32 formula runs over the tile (vectorised,
+ * as the all-F32 loops), and the results are rounded back by a loop of each
+ * array's dtype. The arithmetic per element is step_elem.h's, operation for
+ * operation (the formulas of step_math.h, dtype.h's conversions and rounding,
+ * the same stochastic-rounding draws), so the bits are those of the element
+ * path and of the CUDA kernels; only the order of the work differs. */
+#include <string.h>
+
+#include "../../common/step_elem.h"
+#include "cpu_kernels.h"
+#include "cpu_mixed.h"
+
+enum { TILE = 512 };
+
+/* x[k] = element e0 + k of an array of dtype dt. */
+MTOPT__CPU_CLONES
+static void widen(const void *p, int dt, int64_t e0, int32_t n, float *restrict x) {
+  if (dt == MTOPT__DT_F32) {
+    memcpy(x, (const float *)p + e0, (size_t)n * sizeof(float));
+  } else if (dt == MTOPT__DT_BF16) {
+    const uint16_t *restrict h = (const uint16_t *)p + e0;
+#pragma omp simd
+    for (int32_t k = 0; k < n; k++) x[k] = mtopt__bf16_to_f32(h[k]);
+  } else {
+    const uint16_t *restrict h = (const uint16_t *)p + e0;
+    for (int32_t k = 0; k < n; k++) x[k] = mtopt__f16_to_f32(h[k]);
+  }
+}
+
+/* Element e0 + k := x[k] rounded for dt (mtopt__st): BF16 stochastically
+ * from (r[k] >> shift) & 0xffff when sr. */
+MTOPT__CPU_CLONES
+static void narrow(void *p, int dt, int64_t e0, int32_t n, const float *restrict x, int sr,
+                   const uint32_t *restrict r, int shift) {
+  if (dt == MTOPT__DT_F32) {
+    memcpy((float *)p + e0, x, (size_t)n * sizeof(float));
+  } else if (dt == MTOPT__DT_BF16 && sr) {
+    uint16_t *restrict h = (uint16_t *)p + e0;
+#pragma omp simd
+    for (int32_t k = 0; k < n; k++) h[k] = mtopt__f32_to_bf16_sr(x[k], (r[k] >> shift) & 0xffffu);
+  } else if (dt == MTOPT__DT_BF16) {
+    uint16_t *restrict h = (uint16_t *)p + e0;
+#pragma omp simd
+    for (int32_t k = 0; k < n; k++) h[k] = mtopt__f32_to_bf16(x[k]);
+  } else {
+    uint16_t *restrict h = (uint16_t *)p + e0;
+    for (int32_t k = 0; k < n; k++) h[k] = mtopt__f32_to_f16(x[k]);
+  }
+}
+
+/* The weights of a tile: the master where there is one (mtopt__ld_weight). */
+MTOPT__CPU_CLONES
+static void widen_weight(const mtopt__tensor_rec_t *t, int64_t e0, int32_t n, float *restrict w) {
+  if (t->mmode == MTOPT__MASTER_F32) {
+    widen(t->mw, MTOPT__DT_F32, e0, n, w);
+  } else if (t->mmode == MTOPT__MASTER_REMAINDER) {
+    const uint16_t *restrict p = (const uint16_t *)t->w + e0, *restrict q = (const uint16_t *)t->mw + e0;
+#pragma omp simd
+    for (int32_t k = 0; k < n; k++) w[k] = mtopt__join_master(p[k], q[k]);
+  } else {
+    widen(t->w, t->wdt, e0, n, w);
+  }
+}
+
+/* mtopt__st_weight for a tile. */
+static void narrow_weight(const mtopt__tensor_rec_t *t, int64_t e0, int32_t n,
+                          const float *restrict w, int sr, const uint32_t *restrict r) {
+  if (t->mmode == MTOPT__MASTER_F32) {
+    narrow(t->mw, MTOPT__DT_F32, e0, n, w, 0, r, 0);
+    narrow(t->w, t->wdt, e0, n, w, 0, r, 0);
+  } else if (t->mmode == MTOPT__MASTER_REMAINDER) {
+    uint16_t *restrict p = (uint16_t *)t->w + e0, *restrict q = (uint16_t *)t->mw + e0;
+    for (int32_t k = 0; k < n; k++) mtopt__split_master(w[k], &p[k], &q[k]);
+  } else {
+    narrow(t->w, t->wdt, e0, n, w, sr, r, 0);
+  }
+}
+
+/* The tile's two stochastic-rounding draws per element (mtopt__draws). */
+MTOPT__CPU_CLONES
+static void draws(const mtopt__sr_t *sr, int64_t e, int32_t n, uint32_t *restrict pm,
+                  uint32_t *restrict vv) {
+  const uint32_t kp = sr->pm, kv = sr->v;
+#pragma omp simd
+  for (int32_t k = 0; k < n; k++) {
+    pm[k] = mtopt__sr_bits(kp, e + k);
+    vv[k] = mtopt__sr_bits(kv, e + k);
+  }
+}
+
+/* The formulas over a tile, as the all-F32 loops run them. */
+MTOPT__CPU_CLONES
+static void adam_tile(const mtopt__scalars_t s, int decoupled, float *restrict w,
+                      const float *restrict g, float *restrict m, float *restrict v, int32_t n) {
+#pragma omp simd
+  for (int32_t k = 0; k < n; k++) mtopt__adam_elem(&s, decoupled, g[k], &w[k], &m[k], &v[k]);
+}
+
+MTOPT__CPU_CLONES
+static void sgd_tile(const mtopt__scalars_t s, float *restrict w, const float *restrict g,
+                     float *restrict b, int32_t n) {
+#pragma omp simd
+  for (int32_t k = 0; k < n; k++) mtopt__sgd_elem(&s, g[k], &w[k], &b[k]);
+}
+
+void mtopt__cpu_update_tiles(const mtopt__plan_t *p, const mtopt__hyper_t *h,
+                             const mtopt__scalars_t *s, int64_t c) {
+  const mtopt__chunk_rec_t ch = p->chunks[c];
+  const mtopt__tensor_rec_t *t = &p->tensors[ch.tensor];
+  const mtopt__sr_t sr = mtopt__sr_for(p, h, t);
+  const int adam = p->kind == MTOPT__KIND_ADAMW || p->kind == MTOPT__KIND_ADAM;
+  const int buf = !adam && s->momentum != 0.0f; /* SGD with a momentum buffer */
+  float w[TILE], g[TILE], m[TILE], v[TILE];
+  uint32_t pm[TILE], vv[TILE];
+  memset(pm, 0, sizeof pm);
+  memset(vv, 0, sizeof vv);
+  for (int32_t i = 0; i < ch.len; i += TILE) {
+    const int32_t n = ch.len - i < TILE ? ch.len - i : TILE;
+    const int64_t e0 = ch.start + i;
+    widen(t->g, t->gdt, e0, n, g);
+    widen_weight(t, e0, n, w);
+    if (sr.on) draws(&sr, t->sr_elem0 + e0, n, pm, vv);
+    if (adam) {
+      widen(t->s0, t->sdt, e0, n, m);
+      widen(t->s1, t->sdt, e0, n, v);
+      adam_tile(*s, p->kind == MTOPT__KIND_ADAMW, w, g, m, v, n);
+      narrow_weight(t, e0, n, w, sr.on, pm);
+      narrow(t->s0, t->sdt, e0, n, m, sr.on, pm, 16);
+      narrow(t->s1, t->sdt, e0, n, v, sr.on, vv, 0);
+    } else {
+      if (buf) widen(t->s0, t->sdt, e0, n, m);
+      else memset(m, 0, (size_t)n * sizeof(float));
+      sgd_tile(*s, w, g, m, n);
+      narrow_weight(t, e0, n, w, sr.on, pm);
+      if (buf) narrow(t->s0, t->sdt, e0, n, m, sr.on, pm, 16);
+    }
+  }
+}
