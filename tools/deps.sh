@@ -3,7 +3,8 @@
 # distribution's packages (Debian, Ubuntu). Only missing packages are installed.
 set -euo pipefail
 pkgs=(cmake make gcc g++ pkg-config check libsubunit-dev libopenmpi-dev openmpi-bin
-      libopenblas-dev zlib1g-dev dataset-fashion-mnist gnuplot-nox python3)
+      libopenblas-dev zlib1g-dev dataset-fashion-mnist gnuplot-nox python3
+      python3-venv)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

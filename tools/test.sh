@@ -55,3 +55,18 @@ if command -v clang >/dev/null 2>&1; then
 else
   echo "test.sh: no clang: the loader is not fuzzed (its corpus was replayed)"
 fi
+
+# ---- Python package (python/, docs/python.md): pip builds the C library
+# through scikit-build-core and the top-level CMakeLists.txt into a wheel and
+# installs it into a virtual environment under the build tree, then the
+# numpy tests run against the installed copy (torch tests skip: no torch
+# here). The build dependencies are installed first so that pip builds
+# without an isolated environment of its own (one download fewer), in
+# parallel. pytest's exit code 5 (no tests collected) fails like a failure;
+# no cache is written into the work tree.
+rm -rf build-py
+python3 -m venv build-py/venv
+export PIP_DISABLE_PIP_VERSION_CHECK=1
+build-py/venv/bin/pip install -q scikit-build-core numpy pytest
+CMAKE_BUILD_PARALLEL_LEVEL="$jobs" build-py/venv/bin/pip install -q --no-build-isolation ./python
+build-py/venv/bin/python -m pytest python/tests -q -p no:cacheprovider
