@@ -30,7 +30,7 @@ static void widen(const void *p, int dt, int64_t e0, int32_t n, float *restrict 
 }
 
 /* Element e0 + k := x[k] rounded for dt (mtopt__st): BF16 stochastically
- * from (r[k] >> shift) & 0xffff when sr. */
+ * from MTOPT__SR_BITS(r[k], shift) when sr. */
 MTOPT__CPU_CLONES
 static void narrow(void *p, int dt, int64_t e0, int32_t n, const float *restrict x, int sr,
                    const uint32_t *restrict r, int shift) {
@@ -39,7 +39,7 @@ static void narrow(void *p, int dt, int64_t e0, int32_t n, const float *restrict
   } else if (dt == MTOPT__DT_BF16 && sr) {
     uint16_t *restrict h = (uint16_t *)p + e0;
 #pragma omp simd
-    for (int32_t k = 0; k < n; k++) h[k] = mtopt__f32_to_bf16_sr(x[k], (r[k] >> shift) & 0xffffu);
+    for (int32_t k = 0; k < n; k++) h[k] = mtopt__f32_to_bf16_sr(x[k], MTOPT__SR_BITS(r[k], shift));
   } else if (dt == MTOPT__DT_BF16) {
     uint16_t *restrict h = (uint16_t *)p + e0;
 #pragma omp simd
@@ -74,7 +74,7 @@ static void narrow_weight(const mtopt__tensor_rec_t *t, int64_t e0, int32_t n,
     uint16_t *restrict p = (uint16_t *)t->w + e0, *restrict q = (uint16_t *)t->mw + e0;
     for (int32_t k = 0; k < n; k++) mtopt__split_master(w[k], &p[k], &q[k]);
   } else {
-    narrow(t->w, t->wdt, e0, n, w, sr, r, 0);
+    narrow(t->w, t->wdt, e0, n, w, sr, r, MTOPT__SR_SHIFT_W);
   }
 }
 
@@ -127,14 +127,14 @@ void mtopt__cpu_update_tiles(const mtopt__plan_t *p, const mtopt__hyper_t *h,
       widen(t->s1, t->sdt, e0, n, v);
       adam_tile(*s, p->kind == MTOPT__KIND_ADAMW, w, g, m, v, n);
       narrow_weight(t, e0, n, w, sr.on, pm);
-      narrow(t->s0, t->sdt, e0, n, m, sr.on, pm, 16);
-      narrow(t->s1, t->sdt, e0, n, v, sr.on, vv, 0);
+      narrow(t->s0, t->sdt, e0, n, m, sr.on, pm, MTOPT__SR_SHIFT_S0);
+      narrow(t->s1, t->sdt, e0, n, v, sr.on, vv, MTOPT__SR_SHIFT_S1);
     } else {
       if (buf) widen(t->s0, t->sdt, e0, n, m);
       else memset(m, 0, (size_t)n * sizeof(float));
       sgd_tile(*s, w, g, m, n);
       narrow_weight(t, e0, n, w, sr.on, pm);
-      if (buf) narrow(t->s0, t->sdt, e0, n, m, sr.on, pm, 16);
+      if (buf) narrow(t->s0, t->sdt, e0, n, m, sr.on, pm, MTOPT__SR_SHIFT_S0);
     }
   }
 }

@@ -76,7 +76,7 @@ __device__ __forceinline__ void st8(void *base, int64_t i, const float (&x)[8], 
     uint16_t h[8];
 #pragma unroll
     for (int k = 0; k < 8; k++)
-      h[k] = sr ? mtopt__f32_to_bf16_sr(x[k], (r[k] >> shift) & 0xffffu) : mtopt__f32_to_bf16(x[k]);
+      h[k] = sr ? mtopt__f32_to_bf16_sr(x[k], MTOPT__SR_BITS(r[k], shift)) : mtopt__f32_to_bf16(x[k]);
     st16(base, i, h);
   }
 }
@@ -115,7 +115,7 @@ __device__ __forceinline__ void st_weight8(const mtopt__tensor_rec_t &t, int64_t
     st16(t.w, i, p);
     st16(t.mw, i, q);
   } else {
-    st8<W>(t.w, i, w, sr, r, 0);
+    st8<W>(t.w, i, w, sr, r, MTOPT__SR_SHIFT_W);
   }
 }
 
@@ -144,8 +144,8 @@ __device__ __forceinline__ void update8(const mtopt__tensor_rec_t &t, const mtop
 #pragma unroll
     for (int k = 0; k < 8; k++) mtopt__adam_elem(&s, KIND == MTOPT__KIND_ADAMW, g[k], &w[k], &m[k], &v[k]);
     st_weight8<W, MM>(t, i, w, sr.on, pm);
-    st8<S>(t.s0, i, m, sr.on, pm, 16);
-    st8<S>(t.s1, i, v, sr.on, vv, 0);
+    st8<S>(t.s0, i, m, sr.on, pm, MTOPT__SR_SHIFT_S0);
+    st8<S>(t.s1, i, v, sr.on, vv, MTOPT__SR_SHIFT_S1);
   } else { /* SGD: momentum is 0 where the tensor has no buffer */
     float b[8];
     if (s.momentum != 0.0f) {
@@ -157,7 +157,7 @@ __device__ __forceinline__ void update8(const mtopt__tensor_rec_t &t, const mtop
 #pragma unroll
     for (int k = 0; k < 8; k++) mtopt__sgd_elem(&s, g[k], &w[k], &b[k]);
     st_weight8<W, MM>(t, i, w, sr.on, pm);
-    if (s.momentum != 0.0f) st8<S>(t.s0, i, b, sr.on, pm, 16);
+    if (s.momentum != 0.0f) st8<S>(t.s0, i, b, sr.on, pm, MTOPT__SR_SHIFT_S0);
   }
 }
 

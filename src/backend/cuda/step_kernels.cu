@@ -46,7 +46,6 @@
  */
 #include <cuda_runtime.h>
 #include <stdint.h>
-#include <string.h>
 
 #include "../../common/step_elem.h"
 #include "launch.h"
@@ -545,17 +544,6 @@ __global__ void finish_stats_kernel(mtopt__hyper_t *h, const double *sum) {
   mtopt__stats_finalize(h, sum[0], (uint64_t)sum[1]);
 }
 
-/* ---- ordered small writes ---- */
-
-constexpr int kWriteBytes = 64;
-struct WriteArgs {
-  unsigned char b[kWriteBytes];
-};
-
-__global__ void write_kernel(unsigned char *dst, WriteArgs src, int n) {
-  if ((int)threadIdx.x < n) dst[threadIdx.x] = src.b[threadIdx.x];
-}
-
 } /* namespace */
 
 template <int PASS, int KIND>
@@ -605,23 +593,4 @@ extern "C" cudaError_t mtopt__launch_finish_stats(mtopt__hyper_t *hyper,
                                                   cudaStream_t stream) {
   finish_stats_kernel<<<1, 1, 0, stream>>>(hyper, stats_sum);
   return cudaGetLastError();
-}
-
-extern "C" cudaError_t mtopt__launch_write(void *dst, const void *src, size_t bytes,
-                                           cudaStream_t stream) {
-  unsigned char *d = static_cast<unsigned char *>(dst);
-  const unsigned char *s = static_cast<const unsigned char *>(src);
-  while (bytes > 0) {
-    const int n = bytes < (size_t)kWriteBytes ? (int)bytes : kWriteBytes;
-    WriteArgs a;
-    memset(&a, 0, sizeof a);
-    memcpy(a.b, s, (size_t)n);
-    write_kernel<<<1, kWriteBytes, 0, stream>>>(d, a, n);
-    const cudaError_t e = cudaGetLastError();
-    if (e != cudaSuccess) return e;
-    d += n;
-    s += n;
-    bytes -= (size_t)n;
-  }
-  return cudaSuccess;
 }
