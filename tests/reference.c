@@ -50,6 +50,8 @@ void ref_init(ref_opt_t *r, const mtopt_optimizer_config_t *c, int64_t n,
     t->v = calloc((size_t)(numel[i] + 1), sizeof(double));
     t->buf = calloc((size_t)(numel[i] + 1), sizeof(double));
     t->werr = calloc((size_t)(numel[i] + 1), sizeof(double));
+    t->merr = calloc((size_t)(numel[i] + 1), sizeof(double));
+    t->verr = calloc((size_t)(numel[i] + 1), sizeof(double));
   }
 }
 
@@ -60,6 +62,8 @@ void ref_free(ref_opt_t *r) {
     free(r->t[i].v);
     free(r->t[i].buf);
     free(r->t[i].werr);
+    free(r->t[i].merr);
+    free(r->t[i].verr);
   }
   free(r->t);
   memset(r, 0, sizeof *r);
@@ -94,15 +98,19 @@ static void adam_tensor(const ref_opt_t *r, ref_tensor_t *t, const double *g, do
   for (int64_t i = 0; i < t->numel; i++) {
     double gi = g[i];
     /* fp32 rounding of the g the moments see (4 ulp of its terms). */
-    double dg = fabs(gi);
+    double dg = fabs(gi), gerr;
     if (decoupled) {
       t->w[i] *= 1.0 - lr * wd;
+      gerr = 0x1p-21 * dg;
     } else {
       dg += fabs(wd * t->w[i]);
       gi += wd * t->w[i];
+      gerr = 0x1p-21 * dg + fabs(wd) * t->werr[i];
     }
     t->m[i] = r->beta1 * t->m[i] + (1.0 - r->beta1) * gi;
     t->v[i] = r->beta2 * t->v[i] + (1.0 - r->beta2) * gi * gi;
+    t->merr[i] = r->beta1 * t->merr[i] + (1.0 - r->beta1) * gerr;
+    t->verr[i] = r->beta2 * t->verr[i] + (1.0 - r->beta2) * (2.0 * fabs(gi) + gerr) * gerr;
     const double denom = sqrt(t->v[i]) / sqrt(bc2) + r->eps;
     t->w[i] -= (lr / bc1) * t->m[i] / denom;
     t->werr[i] += (lr / bc1) * (1.0 - r->beta1) * 0x1p-21 * dg / denom;

@@ -44,6 +44,9 @@ typedef struct {
    * the terms that formed it) is amplified by lr / denominator. Summed over
    * steps; zero for SGD. Tests add it to their weight tolerance. */
   double *werr;
+  /* The same bound for the moments: the g they see carries its own fp32
+   * rounding and, in Adam's L2 form, wd times the weight's drift (werr). */
+  double *merr, *verr;
 } ref_tensor_t;
 
 typedef struct {

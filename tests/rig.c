@@ -150,8 +150,20 @@ static int keeps(const rig_t *r, mtopt_state_t s) {
   return k != MTOPT_OPTIMIZER_SGD;
 }
 
-static void check_buf(rig_t *r, int64_t i, mtopt_state_t s, const double *ref, double atol,
-                      double rtol, int step, const char *what) {
+/* Compares one tensor's values (n of them) with the reference plus its
+ * per-element bound; a failure prints the first bad element. */
+static void check_values(const float *got, const double *ref, const double *err, int64_t n,
+                         double atol, double rtol, const char *msg) {
+  const tu_err_t e = tu_compare_bound(got, ref, err, n, atol, rtol);
+  if (e.n_bad) {
+    const int64_t b = e.first_bad;
+    fprintf(stderr, "%s: got %.9g ref %.9g at %lld\n", msg, got[b], ref[b], (long long)b);
+  }
+  TU_ASSERT_CLOSE(e, msg);
+}
+
+static void check_buf(rig_t *r, int64_t i, mtopt_state_t s, const double *ref, const double *err,
+                      double atol, double rtol, int step, const char *what) {
   const int64_t n = r->numel[i];
   float *got = malloc((size_t)(n + 1) * sizeof(float));
   tu_poison(got, n);
@@ -160,53 +172,30 @@ static void check_buf(rig_t *r, int64_t i, mtopt_state_t s, const double *ref, d
   TU_OK(mtopt_optimizer_get_state(r->opt, i, s, &p));
   ck_assert_msg(n == 0 || p != NULL, "get_state gave NULL for tensor %lld", (long long)i);
   ck_assert_msg(tu_first_bit_diff(got, p, n) < 0, "read_state and get_state disagree");
-  const tu_err_t e = tu_compare(got, ref, n, atol, rtol);
   char msg[128];
   snprintf(msg, sizeof msg, "step %d tensor %lld (numel %lld) %s", step, (long long)i,
            (long long)n, what);
-  if (e.n_bad) {
-    const int64_t b = e.first_bad;
-    fprintf(stderr, "%s: got %.9g ref %.9g at %lld\n", msg, got[b], ref[b], (long long)b);
-  }
-  TU_ASSERT_CLOSE(e, msg);
+  check_values(got, ref, err, n, atol, rtol, msg);
   free(got);
 }
 
+/* The weights' and moments' tolerances add the reference's conditioning
+ * bounds per element (reference.h: werr, merr, verr). */
 void rig_check(rig_t *r, const rig_tol_t *tol, int step) {
   for (int64_t i = 0; i < r->n; i++) {
     const ref_tensor_t *t = &r->ref.t[i];
-    /* The weights' tolerance adds the reference's conditioning bound per
-     * element (reference.h: werr). */
-    tu_err_t e = {0, 0, -1, -1, 0};
-    for (int64_t k = 0; k < r->numel[i]; k++) {
-      const tu_err_t ek =
-          tu_compare(r->w[i] + k, t->w + k, 1, tol->w_atol + t->werr[k], tol->w_rtol);
-      if (ek.max_abs > e.max_abs || isnan(ek.max_abs)) e.max_abs = ek.max_abs;
-      if (ek.max_rel > e.max_rel || isnan(ek.max_rel)) {
-        e.max_rel = ek.max_rel;
-        e.worst = k;
-      }
-      if (ek.n_bad) {
-        if (e.first_bad < 0) e.first_bad = k;
-        e.n_bad++;
-      }
-    }
     char msg[128];
     snprintf(msg, sizeof msg, "step %d tensor %lld (numel %lld, group %d, flags %u) weights",
              step, (long long)i, (long long)r->numel[i], r->group[i], r->flags[i]);
-    if (e.n_bad) {
-      const int64_t b = e.first_bad;
-      fprintf(stderr, "%s: got %.9g ref %.9g at %lld\n", msg, r->w[i][b], t->w[b],
-              (long long)b);
-    }
-    TU_ASSERT_CLOSE(e, msg);
+    check_values(r->w[i], t->w, t->werr, r->numel[i], tol->w_atol, tol->w_rtol, msg);
     if (keeps(r, MTOPT_STATE_EXP_AVG)) {
-      check_buf(r, i, MTOPT_STATE_EXP_AVG, t->m, tol->s_atol, tol->s_rtol, step, "exp_avg");
-      check_buf(r, i, MTOPT_STATE_EXP_AVG_SQ, t->v, tol->v_atol, tol->v_rtol, step,
+      check_buf(r, i, MTOPT_STATE_EXP_AVG, t->m, t->merr, tol->s_atol, tol->s_rtol, step,
+                "exp_avg");
+      check_buf(r, i, MTOPT_STATE_EXP_AVG_SQ, t->v, t->verr, tol->v_atol, tol->v_rtol, step,
                 "exp_avg_sq");
     }
     if (keeps(r, MTOPT_STATE_MOMENTUM))
-      check_buf(r, i, MTOPT_STATE_MOMENTUM, t->buf, tol->s_atol, tol->s_rtol, step,
+      check_buf(r, i, MTOPT_STATE_MOMENTUM, t->buf, NULL, tol->s_atol, tol->s_rtol, step,
                 "momentum_buffer");
   }
 }

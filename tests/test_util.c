@@ -69,8 +69,14 @@ static void account(tu_err_t *e, int64_t i, double got, double ref, double atol,
 }
 
 tu_err_t tu_compare(const float *got, const double *ref, int64_t n, double atol, double rtol) {
+  return tu_compare_bound(got, ref, NULL, n, atol, rtol);
+}
+
+tu_err_t tu_compare_bound(const float *got, const double *ref, const double *err, int64_t n,
+                          double atol, double rtol) {
   tu_err_t e = {0, 0, -1, -1, 0};
-  for (int64_t i = 0; i < n; i++) account(&e, i, got[i], ref[i], atol, rtol);
+  for (int64_t i = 0; i < n; i++)
+    account(&e, i, got[i], ref[i], atol + (err ? err[i] : 0.0), rtol);
   return e;
 }
 

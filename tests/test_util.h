@@ -60,6 +60,10 @@ tu_err_t tu_compare(const float *got, const double *ref, int64_t n, double atol,
                     double rtol);
 tu_err_t tu_compare_f(const float *got, const float *ref, int64_t n, double atol,
                       double rtol);
+/* As tu_compare, with element i's atol raised by err[i] (a per-element
+ * conditioning bound; err may be NULL). */
+tu_err_t tu_compare_bound(const float *got, const double *ref, const double *err, int64_t n,
+                          double atol, double rtol);
 /* Bit-for-bit equality; returns the first differing index or -1. */
 int64_t tu_first_bit_diff(const float *a, const float *b, int64_t n);
 
