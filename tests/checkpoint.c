@@ -179,13 +179,13 @@ static void path_in_dir(char *out, size_t cap, const char *name) {
   snprintf(out, cap, "%s/%s", dir, name);
 }
 
-/* Resumes bit-exactly from a file of each format this library reads (3 as
- * written, 2 and 1 rewritten from it): kind _i % 3, format 3 - _i / 3. */
+/* Resumes bit-exactly from a file of each format this library reads (4 as
+ * written, 3, 2 and 1 rewritten from it): kind _i % 3, format 4 - _i / 3. */
 START_TEST(test_resume_bit_exact) {
   const mtopt_optimizer_kind_t kinds[] = {MTOPT_OPTIMIZER_ADAMW, MTOPT_OPTIMIZER_SGD,
                                           MTOPT_OPTIMIZER_LAMB};
   const mtopt_optimizer_kind_t kind = kinds[_i % 3];
-  const uint32_t format = 3 - (uint32_t)(_i / 3);
+  const uint32_t format = 4 - (uint32_t)(_i / 3);
   char path[600];
   path_in_dir(path, sizeof path, "ck.bin");
   const uint64_t seed = tu_seed() + (uint64_t)_i;
@@ -355,7 +355,7 @@ END_TEST
 
 /* Issue 12 item 2: a checkpoint of an optimizer with other features (loss
  * scaling, clipping, skip_nonfinite) is refused: by the recorded features in
- * format 3, by what its scalars imply in formats 1 and 2. */
+ * formats 3 and 4, by what its scalars imply in formats 1 and 2. */
 START_TEST(test_load_refuses_other_features) {
   char path[600], old[600];
   path_in_dir(path, sizeof path, "ck.bin");
@@ -382,7 +382,7 @@ START_TEST(test_load_refuses_other_features) {
     free(bytes);
     TU_FAILS(mtopt_optimizer_load(b.opt, old), MTOPT_STATUS_INVALID_ARGUMENT);
   }
-  /* format 3 tells static from dynamic scaling, and skip_nonfinite */
+  /* format 4 tells static from dynamic scaling, and skip_nonfinite */
   mtopt_optimizer_config_t other[3] = {scaled, scaled, plain};
   other[0].dynamic_loss_scale = 0;
   other[1].skip_nonfinite = 1;
@@ -407,10 +407,11 @@ START_TEST(test_load_refuses_other_features) {
     }
     model_free(&d);
   }
-  /* a format 3 file with a feature this library does not know */
+  /* a format 4 file with a feature this library does not know */
   size_t n;
   unsigned char *bytes = file_read(path, &n);
-  if (cb_format(bytes) == 3) {
+  ck_assert_uint_eq(cb_format(bytes), 4);
+  {
     uint32_t feat;
     memcpy(&feat, bytes + CB_FEATURES, 4);
     feat |= 1u << 20;
@@ -482,7 +483,7 @@ START_TEST(test_corrupt_is_io_error) {
   uint32_t crc;
   memcpy(&crc, b + n - 4, 4);
   ck_assert_uint_eq(crc, cb_crc32(b, n - 4)); /* the library's table is CRC-32 */
-  const size_t span = CB_HDR + CB_EXT + CB_REC * NT < n ? CB_HDR + CB_EXT + CB_REC * NT : n;
+  const size_t span = CB_RECS + CB_REC * NT < n ? CB_RECS + CB_REC * NT : n;
   for (size_t bit = 0; bit < span * 8; bit++) {
     const unsigned char v = b[bit / 8] ^ (unsigned char)(1u << (bit % 8));
     edit_copy(b, n, bad, bit / 8, &v, 1, 0);
@@ -710,7 +711,7 @@ Suite *checkpoint_suite(void) {
   TCase *tc = tcase_create("checkpoint");
   tcase_add_checked_fixture(tc, make_dir, remove_dir);
   tcase_set_timeout(tc, 60);
-  tcase_add_loop_test(tc, test_resume_bit_exact, 0, 9);
+  tcase_add_loop_test(tc, test_resume_bit_exact, 0, 12);
   tcase_add_test(tc, test_bad_files_change_nothing);
   tcase_add_loop_test(tc, test_load_refuses_out_of_range, 0, 2);
   tcase_add_test(tc, test_load_refuses_other_features);

@@ -345,6 +345,21 @@ MTOPT_API mtopt_status_t mtopt_optimizer_get_hyperparam(const mtopt_optimizer_t 
                                                         mtopt_hyperparam_t which,
                                                         double *value);
 MTOPT_API mtopt_status_t mtopt_optimizer_set_lr(mtopt_optimizer_t *opt, float lr);
+/* A parameter group's multipliers of lr and weight decay (as
+ * mtopt_tensor_list_set_group, which gives their values at create) for the
+ * following steps, in stream order on CUDA like set_hyperparam: a captured
+ * graph sees them. Checkpoints carry them. INVALID_ARGUMENT for a group out
+ * of [0, MTOPT_MAX_GROUPS) or a multiplier not finite and >= 0. */
+MTOPT_API mtopt_status_t mtopt_optimizer_set_group(mtopt_optimizer_t *opt, int32_t group,
+                                                   float lr_mult, float weight_decay_mult);
+MTOPT_API mtopt_status_t mtopt_optimizer_get_group(const mtopt_optimizer_t *opt,
+                                                   int32_t group, float *lr_mult,
+                                                   float *weight_decay_mult);
+/* Sets the count of applied steps, in stream order: the next step is number
+ * step + 1 (Adam's and LAMB's bias corrections and stochastic rounding's
+ * generator read it). For resuming from state saved elsewhere (a torch
+ * state_dict). INVALID_ARGUMENT outside [0, 2^62]. */
+MTOPT_API mtopt_status_t mtopt_optimizer_set_step_count(mtopt_optimizer_t *opt, int64_t step);
 
 /* What the steps so far left behind. On CUDA this synchronises the stream. */
 typedef struct {
@@ -383,6 +398,16 @@ MTOPT_API mtopt_status_t mtopt_optimizer_read_state(mtopt_optimizer_t *opt,
                                                     int64_t tensor,
                                                     mtopt_state_t which,
                                                     float *host_dst);
+/* The inverse of read_state: writes a tensor's state buffer from numel host
+ * floats, each rounded to nearest (even) into the storage dtype. For
+ * MTOPT_STATE_MASTER the parameter is rewritten too, as the master rounded to
+ * nearest, as a step leaves it (with remainders the pair then holds the
+ * master exactly). CUDA: waits for the stream, then copies. INVALID_ARGUMENT for NULL, a buffer the tensor lacks,
+ * a value that is not finite or an EXP_AVG_SQ value < 0, or one beyond the
+ * storage dtype's range; then nothing is written. */
+MTOPT_API mtopt_status_t mtopt_optimizer_write_state(mtopt_optimizer_t *opt, int64_t tensor,
+                                                     mtopt_state_t which,
+                                                     const float *host_src);
 /* The gradient a tensor's step reads: the user's pointer, or the view into the
  * optimizer's contiguous buffer for tensors added with grad == NULL. */
 MTOPT_API mtopt_status_t mtopt_optimizer_get_grad(mtopt_optimizer_t *opt,
@@ -408,9 +433,10 @@ MTOPT_API mtopt_status_t mtopt_optimizer_zero_grad(mtopt_optimizer_t *opt);
 /* Checkpoints. save writes the parameters (in their dtypes), master weights or
  * remainders, every state buffer (in the state dtype) and the step scalars
  * (step count, loss scale and its growth tracker, skipped steps, the
- * hyperparameters, the stochastic-rounding seed) and the optimizer's features
+ * hyperparameters, the groups' multipliers, the stochastic-rounding seed) and
+ * the optimizer's features
  * (loss scaling static or dynamic, clipping, skip_nonfinite) to `path`: a
- * versioned (format 3), CRC-32-checksummed little-endian file. It is written
+ * versioned (format 4), CRC-32-checksummed little-endian file. It is written
  * to a temporary file in the same directory, named ".mtopt-" + 8 hex digits
  * (the CRC-32 of the target's file name) + "-" + 6 characters of [A-Za-z0-9],
  * then fsynced, renamed onto `path`, and the directory fsynced, so an
@@ -430,8 +456,9 @@ MTOPT_API mtopt_status_t mtopt_optimizer_zero_grad(mtopt_optimizer_t *opt);
  * load restores all of it into an optimizer built from the same tensor list
  * shape (same kind, tensor count, sizes, parameter dtypes, master weights,
  * state dtype and rounding) and the same features; files of formats 1 (the
- * fp32-only 0.1, into fp32 optimizers) and 2 (0.2) load too: they record no
- * features, so what their scalars imply is checked (a loss scale != 1 needs
+ * fp32-only 0.1, into fp32 optimizers), 2 and 3 (0.2) load too (they record
+ * no group multipliers: the optimizer keeps its own); formats 1 and 2 record
+ * no features, so what their scalars imply is checked (a loss scale != 1 needs
  * loss scaling, max_grad_norm != 0 clipping, a growth tracker != 0 a dynamic
  * scale). The file is read and verified completely before anything is
  * written, and integrity first: a file shorter than a header or failing its

@@ -4,15 +4,18 @@
  * directory), so a crash mid-save never leaves a torn checkpoint under the
  * final name.
  *
- * Layout (little-endian), format 3:
+ * Layout (little-endian), format 4:
  *   header_t
- *   ext_t                          (formats 2, 3; format 1 files are all-fp32)
+ *   ext_t                          (formats 2-4; format 1 files are all-fp32)
+ *   groups_t                       (format 4: the groups' multipliers)
  *   per tensor: tensor_t           (format 1: only its int64 numel)
  *   per tensor: param[numel] in its dtype, then its master (fp32 or 16-bit
  *     remainders) if it has one, then its state buffers in the state dtype
  *   uint32 crc32 of everything before it
  * Format 3 is format 2 with the optimizer's features (FEAT_*) in the ext
- * word that format 2 reserved (and wrote as 0).
+ * word that format 2 reserved (and wrote as 0). Format 4 adds the groups'
+ * multipliers, settable since 0.3 (mtopt_optimizer_set_group); files of
+ * earlier formats leave the optimizer's as they are.
  *
  * Load checks the file's integrity (its length against the smallest file,
  * its checksum over every byte) before it reads any field, so a corrupt file
@@ -29,7 +32,7 @@
 #include "core.h"
 
 #define CKPT_MAGIC "MTOPTCKP"
-#define CKPT_FORMAT 3u
+#define CKPT_FORMAT 4u
 
 typedef struct {
   char magic[8];
@@ -53,6 +56,14 @@ typedef struct {
   uint32_t features;       /* format 3: FEAT_*; format 2: reserved, 0 */
   uint64_t seed;
 } ext_t;
+
+/* Format 4: lr and weight-decay multipliers of every group, as
+ * mtopt__group_rec_t holds them. */
+typedef struct {
+  mtopt__group_rec_t g[MTOPT_MAX_GROUPS];
+} groups_t;
+_Static_assert(sizeof(groups_t) == MTOPT_MAX_GROUPS * 2 * sizeof(float),
+               "groups_t is two floats per group, no padding");
 
 typedef struct {
   int64_t numel;
@@ -216,7 +227,9 @@ static int put_header(stream_t *s, const mtopt_optimizer_t *opt, const mtopt__hy
   hd.step = h->step, hd.skipped_steps = h->skipped_steps;
   hd.loss_scale = h->loss_scale, hd.growth_tracker = h->growth_tracker;
   const ext_t ext = ext_of(opt, h->seed);
-  int ok = put(s, &hd, sizeof hd) && put(s, &ext, sizeof ext);
+  groups_t groups;
+  memcpy(groups.g, opt->groups_host, sizeof groups.g);
+  int ok = put(s, &hd, sizeof hd) && put(s, &ext, sizeof ext) && put(s, &groups, sizeof groups);
   for (int64_t i = 0; ok && i < hd.num_tensors; i++) {
     const mtopt__tensor_rec_t *t = &opt->tensors_host[i];
     const tensor_t rec = {t->numel, t->wdt, t->mmode};
@@ -351,9 +364,15 @@ static int read_all(FILE *f, unsigned char *data, size_t cap, crc_lag_t *l) {
   }
 }
 
-/* The bytes before the payload in a file of this format. */
-static size_t prefix_bytes(uint32_t format, int64_t num_tensors) {
+/* The bytes before the tensor records, and before the payload, in a file of
+ * this format. */
+static size_t records_offset(uint32_t format) {
   return sizeof(header_t) + (format >= 2u ? sizeof(ext_t) : 0) +
+         (format >= 4u ? sizeof(groups_t) : 0);
+}
+
+static size_t prefix_bytes(uint32_t format, int64_t num_tensors) {
+  return records_offset(format) +
          (size_t)num_tensors * (format >= 2u ? sizeof(tensor_t) : sizeof(int64_t));
 }
 
@@ -410,7 +429,7 @@ static mtopt_status_t check_layout(mtopt_optimizer_t *opt, const char *fn, const
   if (total < prefix + sizeof(uint32_t))
     return mtopt__error(ctx, MTOPT_STATUS_INVALID_ARGUMENT,
                         "%s: '%s' is shorter than its header says", fn, path);
-  const unsigned char *p = data + sizeof *hd + (hd->format >= 2u ? sizeof *ext : 0);
+  const unsigned char *p = data + records_offset(hd->format);
   for (int64_t i = 0; i < n; i++) {
     const mtopt__tensor_rec_t *t = &opt->tensors_host[i];
     tensor_t rec = {0, MTOPT_DTYPE_F32, MTOPT__MASTER_NONE};
@@ -494,6 +513,12 @@ mtopt_status_t mtopt_optimizer_load(mtopt_optimizer_t *opt, const char *path) {
   hh.last_grad_norm = NAN, hh.last_skipped = 0;
   hh.seed = ext.seed;
   CHECK_GOTO(mtopt__check_loaded_hyper(ctx, fn, &opt->config, &hh), st, done);
+  groups_t groups;
+  memcpy(groups.g, opt->groups_host, sizeof groups.g);
+  if (hd.format >= 4u) memcpy(&groups, data + sizeof hd + sizeof ext, sizeof groups);
+  for (int32_t g = 0; g < MTOPT_MAX_GROUPS; g++)
+    CHECK_GOTO(mtopt__check_group(ctx, fn, g, groups.g[g].lr_mult, groups.g[g].wd_mult), st,
+               done);
 
   /* Verified: now write parameters, state and scalars, after any step still
    * in flight. */
@@ -511,6 +536,9 @@ mtopt_status_t mtopt_optimizer_load(mtopt_optimizer_t *opt, const char *path) {
   }
   CHECK_GOTO(ctx->ops->upload(ctx, opt->plan.hyper, &hh, sizeof hh), st, done);
   opt->hyper_host = hh;
+  CHECK_GOTO(ctx->ops->upload(ctx, (void *)opt->plan.groups, groups.g, sizeof groups.g), st,
+             done);
+  memcpy(opt->groups_host, groups.g, sizeof groups.g);
 
 done:
   fclose(f);

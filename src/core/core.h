@@ -43,6 +43,7 @@ struct mtopt_optimizer {
   mtopt_tensor_list_t *list; /* to unfreeze on destroy */
   mtopt_optimizer_config_t config;
   mtopt__hyper_t hyper_host; /* host mirror of the hyperparameters */
+  mtopt__group_rec_t groups_host[MTOPT_MAX_GROUPS]; /* host mirror of plan.groups */
   mtopt__plan_t plan;        /* pointers into dev_tables */
   mtopt__tensor_rec_t *tensors_host;
   int64_t total_numel;
@@ -100,6 +101,10 @@ MTOPT__HIDDEN mtopt_status_t mtopt__check_api_version(mtopt_context_t *ctx, cons
 /* The value checks of a config (struct size aside: mtopt__optimizer_config_read). */
 MTOPT__HIDDEN mtopt_status_t mtopt__check_config(mtopt_context_t *ctx, const char *fn,
                                                  const mtopt_optimizer_config_t *c);
+/* The rules of a group's multipliers (core/tensor_list.c), shared by the
+ * list's and the optimizer's setters and load. */
+MTOPT__HIDDEN mtopt_status_t mtopt__check_group(mtopt_context_t *ctx, const char *fn,
+                                                int32_t group, float lr_mult, float wd_mult);
 MTOPT__HIDDEN void mtopt__init_hyper(mtopt__hyper_t *h, const mtopt_optimizer_config_t *c);
 MTOPT__HIDDEN mtopt_status_t mtopt__check_opt(const mtopt_optimizer_t *opt, const char *fn);
 MTOPT__HIDDEN int mtopt__uses_loss_scale(const mtopt_optimizer_config_t *c);

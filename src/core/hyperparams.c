@@ -8,6 +8,8 @@
 
 #include "core.h"
 
+/* No plausible run takes 2^62 steps; counts stay far from overflow. */
+#define MAX_STEPS (INT64_C(1) << 62)
 #define STEP_INFO_MIN_SIZE (offsetof(mtopt_step_info_t, growth_tracker) + sizeof(int32_t))
 
 static const char *const hp_names[MTOPT_HP_COUNT_] = {
@@ -190,7 +192,7 @@ static float *hp_field(mtopt__hyper_t *h, mtopt_hyperparam_t which) {
 mtopt_status_t mtopt__check_loaded_hyper(mtopt_context_t *ctx, const char *fn,
                                          const mtopt_optimizer_config_t *c,
                                          const mtopt__hyper_t *h) {
-  const int64_t max_steps = INT64_C(1) << 62;
+  const int64_t max_steps = MAX_STEPS;
   mtopt__hyper_t copy = *h;
   for (int i = 0; i < MTOPT_HP_COUNT_; i++) {
     const mtopt_hyperparam_t which = (mtopt_hyperparam_t)i;
@@ -235,6 +237,40 @@ mtopt_status_t mtopt_optimizer_set_hyperparam(mtopt_optimizer_t *opt,
 
 mtopt_status_t mtopt_optimizer_set_lr(mtopt_optimizer_t *opt, float lr) {
   return mtopt_optimizer_set_hyperparam(opt, MTOPT_HP_LR, lr);
+}
+
+mtopt_status_t mtopt_optimizer_set_group(mtopt_optimizer_t *opt, int32_t group, float lr_mult,
+                                         float weight_decay_mult) {
+  static const char fn[] = "mtopt_optimizer_set_group";
+  CHECK(mtopt__check_opt(opt, fn));
+  mtopt_context_t *ctx = opt->ctx;
+  CHECK(mtopt__check_group(ctx, fn, group, lr_mult, weight_decay_mult));
+  const mtopt__group_rec_t g = {lr_mult, weight_decay_mult};
+  CHECK(ctx->ops->write_ordered(ctx, (void *)&opt->plan.groups[group], &g, sizeof g));
+  opt->groups_host[group] = g;
+  return MTOPT_STATUS_SUCCESS;
+}
+
+mtopt_status_t mtopt_optimizer_get_group(const mtopt_optimizer_t *opt, int32_t group,
+                                         float *lr_mult, float *weight_decay_mult) {
+  static const char fn[] = "mtopt_optimizer_get_group";
+  CHECK(mtopt__check_opt(opt, fn));
+  if (!lr_mult || !weight_decay_mult)
+    return mtopt__error(opt->ctx, MTOPT_STATUS_INVALID_ARGUMENT, "%s: %s is NULL", fn,
+                        lr_mult ? "weight_decay_mult" : "lr_mult");
+  CHECK(mtopt__check_group(opt->ctx, fn, group, 0.0f, 0.0f));
+  *lr_mult = opt->groups_host[group].lr_mult;
+  *weight_decay_mult = opt->groups_host[group].wd_mult;
+  return MTOPT_STATUS_SUCCESS;
+}
+
+mtopt_status_t mtopt_optimizer_set_step_count(mtopt_optimizer_t *opt, int64_t step) {
+  static const char fn[] = "mtopt_optimizer_set_step_count";
+  CHECK(mtopt__check_opt(opt, fn));
+  if (step < 0 || step > MAX_STEPS)
+    return mtopt__error(opt->ctx, MTOPT_STATUS_INVALID_ARGUMENT,
+                        "%s: step %lld must be in [0, 2^62]", fn, (long long)step);
+  return opt->ctx->ops->write_ordered(opt->ctx, &opt->plan.hyper->step, &step, sizeof step);
 }
 
 mtopt_status_t mtopt_optimizer_get_hyperparam(const mtopt_optimizer_t *opt,

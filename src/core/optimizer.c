@@ -289,7 +289,9 @@ mtopt_status_t mtopt__optimizer_create(mtopt_context_t *ctx, mtopt_tensor_list_t
                               (size_t)n * sizeof(mtopt__tensor_rec_t)), st, fail);
   CHECK_GOTO(ctx->ops->upload(ctx, base + L.chunks, chunks,
                               (size_t)nchunks * sizeof(mtopt__chunk_rec_t)), st, fail);
-  CHECK_GOTO(ctx->ops->upload(ctx, base + L.groups, list->groups, sizeof list->groups), st, fail);
+  memcpy(opt->groups_host, list->groups, sizeof opt->groups_host);
+  CHECK_GOTO(ctx->ops->upload(ctx, base + L.groups, opt->groups_host, sizeof opt->groups_host),
+             st, fail);
   CHECK_GOTO(ctx->ops->upload(ctx, base + L.hyper, &opt->hyper_host, sizeof opt->hyper_host),
              st, fail);
 

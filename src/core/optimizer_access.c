@@ -1,5 +1,6 @@
 /* Optimizer accessors: state buffers and master weights, gradients, planning
  * facts. */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -102,6 +103,61 @@ mtopt_status_t mtopt_optimizer_read_state(mtopt_optimizer_t *opt, int64_t tensor
     st = opt->ctx->ops->download(opt->ctx, h + n, r->mw, (size_t)n * sizeof *h);
   for (int64_t i = 0; st == MTOPT_STATUS_SUCCESS && i < n; i++)
     host_dst[i] = mtopt__join_master(h[i], h[n + i]);
+  free(h);
+  return st;
+}
+
+/* Why host value x cannot be written as a value of buffer `which` whose
+ * rounding to nearest into dtype dt must stay finite, or NULL. */
+static const char *unstorable(mtopt_state_t which, int dt, float x) {
+  if (!isfinite(x)) return "is not finite";
+  if (which == MTOPT_STATE_EXP_AVG_SQ && x < 0.0f) return "is negative (a second moment)";
+  float h = 0.0f; /* room for one element of any dtype */
+  mtopt__st(&h, dt, 0, x, 0, 0u);
+  if (!isfinite(mtopt__ld(&h, dt, 0))) return "overflows the dtype it is stored in";
+  return NULL;
+}
+
+mtopt_status_t mtopt_optimizer_write_state(mtopt_optimizer_t *opt, int64_t tensor,
+                                           mtopt_state_t which, const float *host_src) {
+  static const char fn[] = "mtopt_optimizer_write_state";
+  CHECK(mtopt__check_opt(opt, fn));
+  if (!host_src)
+    return mtopt__error(opt->ctx, MTOPT_STATUS_INVALID_ARGUMENT, "%s: host_src is NULL", fn);
+  buffer_t b = {NULL, 0};
+  CHECK(state_buffer(opt, fn, tensor, which, &b));
+  mtopt_context_t *ctx = opt->ctx;
+  const mtopt__tensor_rec_t *r = &opt->tensors_host[tensor];
+  const int64_t n = r->numel;
+  const int master = which == MTOPT_STATE_MASTER;
+  for (int64_t i = 0; i < n; i++) {
+    /* a master's parameter is rounded from it */
+    const char *why = unstorable(which, master ? r->wdt : b.dt, host_src[i]);
+    if (why)
+      return mtopt__error(ctx, MTOPT_STATUS_INVALID_ARGUMENT,
+                          "%s: tensor %lld element %lld: %g %s; nothing written", fn,
+                          (long long)tensor, (long long)i, (double)host_src[i], why);
+  }
+  if (n == 0) return MTOPT_STATUS_SUCCESS;
+  /* Converted on the host, written where the step would write: for a master,
+   * mtopt__st_weight over host copies of the parameter and the master. */
+  const size_t es = b.dt == MTOPT__DT_F32 ? sizeof(float) : sizeof(uint16_t);
+  const size_t wes = (size_t)mtopt__dt_size(r->wdt);
+  char *h = malloc((size_t)n * (es + (master ? wes : 0)));
+  if (!h) return mtopt__error(ctx, MTOPT_STATUS_OUT_OF_MEMORY, "%s: malloc failed", fn);
+  mtopt__tensor_rec_t hr = *r;
+  hr.mw = h;
+  hr.w = (float *)(h + (size_t)n * es);
+  for (int64_t i = 0; i < n; i++) {
+    if (master)
+      mtopt__st_weight(&hr, i, host_src[i], 0, 0u);
+    else
+      mtopt__st(h, b.dt, i, host_src[i], 0, 0u);
+  }
+  mtopt_status_t st = ctx->ops->synchronize(ctx);
+  if (st == MTOPT_STATUS_SUCCESS) st = ctx->ops->upload(ctx, b.ptr, h, (size_t)n * es);
+  if (st == MTOPT_STATUS_SUCCESS && master)
+    st = ctx->ops->upload(ctx, r->w, hr.w, (size_t)n * wes);
   free(h);
   return st;
 }

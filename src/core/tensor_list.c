@@ -138,21 +138,26 @@ mtopt_status_t mtopt_tensor_list_add_f32(mtopt_tensor_list_t *list, float *param
   return mtopt_tensor_list_add(list, &d, index_out);
 }
 
+mtopt_status_t mtopt__check_group(mtopt_context_t *ctx, const char *fn, int32_t group,
+                                  float lr_mult, float wd_mult) {
+  if (group < 0 || group >= MTOPT_MAX_GROUPS)
+    return mtopt__error(ctx, MTOPT_STATUS_INVALID_ARGUMENT, "%s: group %d out of range [0, %d)",
+                        fn, group, MTOPT_MAX_GROUPS);
+  if (!(lr_mult >= 0.0f && lr_mult <= 1e30f) || !(wd_mult >= 0.0f && wd_mult <= 1e30f))
+    return mtopt__error(ctx, MTOPT_STATUS_INVALID_ARGUMENT,
+                        "%s: group %d: multipliers must be finite and >= 0 (lr_mult %g, "
+                        "weight_decay_mult %g)",
+                        fn, group, (double)lr_mult, (double)wd_mult);
+  return MTOPT_STATUS_SUCCESS;
+}
+
 mtopt_status_t mtopt_tensor_list_set_group(mtopt_tensor_list_t *list, int32_t group,
                                            float lr_mult, float weight_decay_mult) {
   static const char fn[] = "mtopt_tensor_list_set_group";
   if (!list)
     return mtopt__error(NULL, MTOPT_STATUS_INVALID_ARGUMENT, "%s: list is NULL", fn);
   CHECK(check_frozen(list, fn));
-  if (group < 0 || group >= MTOPT_MAX_GROUPS)
-    return mtopt__error(list->ctx, MTOPT_STATUS_INVALID_ARGUMENT,
-                        "%s: group %d out of range [0, %d)", fn, group, MTOPT_MAX_GROUPS);
-  if (!(lr_mult >= 0.0f && lr_mult <= 1e30f) ||
-      !(weight_decay_mult >= 0.0f && weight_decay_mult <= 1e30f))
-    return mtopt__error(list->ctx, MTOPT_STATUS_INVALID_ARGUMENT,
-                        "%s: multipliers must be finite and >= 0 (lr_mult %g, "
-                        "weight_decay_mult %g)",
-                        fn, (double)lr_mult, (double)weight_decay_mult);
+  CHECK(mtopt__check_group(list->ctx, fn, group, lr_mult, weight_decay_mult));
   list->groups[group].lr_mult = lr_mult;
   list->groups[group].wd_mult = weight_decay_mult;
   return MTOPT_STATUS_SUCCESS;

@@ -22,10 +22,18 @@ uint32_t cb_format(const unsigned char *b) {
   return f;
 }
 
+/* Cuts len bytes at off out of the n-byte file; returns the new length. */
+static size_t cut(unsigned char *b, size_t n, size_t off, size_t len) {
+  memmove(b + off, b + off + len, n - off - len);
+  return n - len;
+}
+
 size_t cb_downgrade(unsigned char *b, size_t n, uint32_t format) {
-  if (cb_format(b) <= format) return n;
+  const uint32_t from = cb_format(b);
+  if (from <= format) return n;
   memcpy(b + CB_FORMAT, &format, 4);
-  memset(b + CB_FEATURES, 0, 4);
+  if (from >= 4) n = cut(b, n, CB_GROUPS, CB_GROUPS_LEN);
+  if (format <= 2) memset(b + CB_FEATURES, 0, 4);
   if (format == 1) {
     int64_t nt;
     memcpy(&nt, b + CB_NT, 8);
@@ -33,8 +41,7 @@ size_t cb_downgrade(unsigned char *b, size_t n, uint32_t format) {
       memmove(b + CB_HDR + 8 * i, b + CB_HDR + CB_EXT + CB_REC * i, 8);
     const size_t old_prefix = CB_HDR + CB_EXT + CB_REC * (size_t)nt;
     const size_t new_prefix = CB_HDR + 8 * (size_t)nt;
-    memmove(b + new_prefix, b + old_prefix, n - old_prefix);
-    n -= old_prefix - new_prefix;
+    n = cut(b, n, new_prefix, old_prefix - new_prefix);
   }
   cb_reseal(b, n);
   return n;

@@ -91,14 +91,15 @@ int main(int argc, char **argv) {
       {"features-dyn", CB_FEATURES, 4, 2, 0}, {"features-clip", CB_FEATURES, 4, 4, 0},
       {"features-skip", CB_FEATURES, 4, 8, 0}, {"features-unknown", CB_FEATURES, 4, 1 << 20, 0},
       {"state-dtype", CB_HDR, 4, 2, 0},      {"master", CB_HDR + 4, 4, 1, 0},
-      {"numel", CB_HDR + CB_EXT, 8, 6, 0},   {"param-dtype", CB_HDR + CB_EXT + 8, 4, 2, 0},
+      {"numel", CB_RECS, 8, 6, 0},           {"param-dtype", CB_RECS + 8, 4, 2, 0},
+      {"group-lr-neg", CB_GROUPS, 4, -1, 1}, {"group-wd-nan", CB_GROUPS + 8 * 63 + 4, 4, NAN, 1},
   };
   for (int k = 0; k < FUZZ_CONFIGS; k++) {
     size_t n;
     unsigned char *b = saved(k, &n);
-    emit(k, "valid-f3", b, n);
+    emit(k, "valid-f4", b, n);
     for (size_t i = 0; i < sizeof edits / sizeof *edits; i++) emit_edit(k, b, n, &edits[i]);
-    const size_t cuts[] = {0, 8, CB_HDR, CB_HDR + CB_EXT + 4, n / 2, n - 1};
+    const size_t cuts[] = {0, 8, CB_HDR, CB_HDR + CB_EXT + 4, CB_RECS + 4, n / 2, n - 1};
     char name[64];
     for (size_t i = 0; i < sizeof cuts / sizeof *cuts; i++) {
       snprintf(name, sizeof name, "cut-%zu", cuts[i]);
@@ -115,7 +116,7 @@ int main(int argc, char **argv) {
     memcpy(c, b, n);
     c[n] = 0;
     emit(k, "trailing", c, n + 1);
-    for (uint32_t f = 2; f >= 1; f--) {
+    for (uint32_t f = 3; f >= 1; f--) {
       memcpy(c, b, n);
       const size_t m = cb_downgrade(c, n, f);
       snprintf(name, sizeof name, "valid-f%u", f);
