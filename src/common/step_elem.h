@@ -6,7 +6,8 @@
  * gives the same bits again.
  *
  * i is the element index within the tensor record. Stochastic rounding draws
- * its bits from (key, sr_elem0 + i), two draws per element (MTOPT__SR_SHIFT_*
+ * its bits from (key, sr_elem0 + i) (dtype.h: the parameter's and first
+ * moment's draw per element, the second moment's per pair; MTOPT__SR_SHIFT_*
  * say which bits go to which array).
  */
 #ifndef MTOPT_COMMON_STEP_ELEM_H
@@ -21,7 +22,7 @@ MTOPT_HD float mtopt__grad_elem(const mtopt__tensor_rec_t *t, int64_t i) {
 }
 
 typedef struct {
-  uint32_t pm, v; /* the two draws */
+  uint32_t pm, v; /* the draws: pm's 32 bits, v's low 16 */
 } mtopt__draws_t;
 
 /* Where each array's 16 random bits sit in its draw: the weight (the
@@ -40,7 +41,7 @@ MTOPT_HD mtopt__draws_t mtopt__draws(const mtopt__sr_t *sr, const mtopt__tensor_
   if (sr->on) {
     const int64_t e = t->sr_elem0 + i;
     d.pm = mtopt__sr_bits(sr->pm, e);
-    d.v = mtopt__sr_bits(sr->v, e);
+    d.v = mtopt__sr_bits_v(sr->v, e);
   }
   return d;
 }

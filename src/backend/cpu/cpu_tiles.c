@@ -86,7 +86,7 @@ static void draws(const mtopt__sr_t *sr, int64_t e, int32_t n, uint32_t *restric
 #pragma omp simd
   for (int32_t k = 0; k < n; k++) {
     pm[k] = mtopt__sr_bits(kp, e + k);
-    vv[k] = mtopt__sr_bits(kv, e + k);
+    vv[k] = mtopt__sr_bits_v(kv, e + k);
   }
 }
 

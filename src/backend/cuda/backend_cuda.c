@@ -1,8 +1,8 @@
 /* The CUDA backend glue: memory, copies, pointer checks and the launch of each
  * pass on the context's stream, and the public calls of mtopt_cuda.h. The
- * kernels live in step_kernels.cu. (Host files that include CUDA headers:
- * this one and, in the distributed layer, transport_nccl.c and
- * sm_partition.c.)
+ * kernels live in step_kernels.cuh (built in pass_*.cu). (Host files that
+ * include CUDA headers: this one and, in the distributed layer,
+ * transport_nccl.c and sm_partition.c.)
  *
  * Every CUDA failure becomes mtopt__error(ctx, MTOPT_STATUS_CUDA_ERROR, "<what>:
  * <cudaGetErrorString>") (OUT_OF_MEMORY for a failed allocation), never an

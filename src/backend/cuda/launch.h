@@ -34,6 +34,11 @@ cudaError_t mtopt__launch_write(void *dst, const void *src, size_t bytes,
 
 #ifdef __cplusplus
 }
+
+/* One pass's kernels (step_kernels.cuh), instantiated in pass_*.cu. */
+template <int PASS, int KIND>
+cudaError_t mtopt__launch_of(const mtopt__plan_t &p, int sm_count, int64_t c0, int64_t c1,
+                             cudaStream_t stream);
 #endif
 
 #endif /* MTOPT_DEVICE_LAUNCH_H */

@@ -1,11 +1,14 @@
 /*
  * The UPDATE pass of AdamW, Adam and SGD over a chunk of one of the common
  * mixed-precision layouts, 8 elements per thread at a time with 16-byte loads
- * and stores (step_kernels.cu falls back to the element-at-a-time path of
+ * and stores (step_kernels.cuh falls back to the element-at-a-time path of
  * step_elem.h for every other layout, for LAMB and for the statistics pass).
  *
  * Layouts (template arguments): parameter W and gradient G in F32 or BF16,
- * state S in F32 or BF16, master MM none / F32 / remainders. The element
+ * state S in F32 or BF16, master MM none / F32 / remainders, and SR, whether
+ * the plan rounds stochastically (only where some array is written in bf16
+ * without a master: elsewhere the nearest path serves, with the same bits,
+ * and carries no draws). The element
  * arithmetic is step_elem.h's, operation for operation (the formulas of
  * step_math.h, the rounding of dtype.h, the same stochastic-rounding draws per
  * element), so both paths give the same bits; only the memory access differs.
@@ -21,11 +24,39 @@
 
 #include "../../common/step_elem.h"
 
+/* EXPERIMENT (removed once measured): streaming hints on the arrays' loads
+ * and stores, and the blocks per SM the kernels are compiled for. */
+#ifndef MTOPT__CUDA_CS
+#define MTOPT__CUDA_CS 1
+#endif
+#ifndef MTOPT__MIN_BLOCKS_F32
+#define MTOPT__MIN_BLOCKS_F32 1
+#endif
+#ifndef MTOPT__MIN_BLOCKS_MIXED
+#define MTOPT__MIN_BLOCKS_MIXED 1
+#endif
+template <class T>
+__device__ __forceinline__ T ld_stream(const T *p) {
+#if MTOPT__CUDA_CS
+  return __ldcs(p);
+#else
+  return *p;
+#endif
+}
+template <class T>
+__device__ __forceinline__ void st_stream(T *p, const T &x) {
+#if MTOPT__CUDA_CS
+  __stcs(p, x);
+#else
+  *p = x;
+#endif
+}
+
 namespace mixed_vec {
 
 /* 8 raw 16-bit words of a 16-byte-aligned group. */
 __device__ __forceinline__ void ld16(const void *base, int64_t i, uint16_t (&h)[8]) {
-  const uint4 u = __ldcs(reinterpret_cast<const uint4 *>(static_cast<const uint16_t *>(base) + i));
+  const uint4 u = ld_stream(reinterpret_cast<const uint4 *>(static_cast<const uint16_t *>(base) + i));
   const uint32_t w[4] = {u.x, u.y, u.z, u.w};
 #pragma unroll
   for (int k = 0; k < 4; k++) {
@@ -40,7 +71,7 @@ __device__ __forceinline__ void st16(void *base, int64_t i, const uint16_t (&h)[
   u.y = (uint32_t)h[2] | ((uint32_t)h[3] << 16);
   u.z = (uint32_t)h[4] | ((uint32_t)h[5] << 16);
   u.w = (uint32_t)h[6] | ((uint32_t)h[7] << 16);
-  __stcs(reinterpret_cast<uint4 *>(static_cast<uint16_t *>(base) + i), u);
+  st_stream(reinterpret_cast<uint4 *>(static_cast<uint16_t *>(base) + i), u);
 }
 
 /* 8 elements of dtype DT (F32 or BF16) as floats. */
@@ -48,7 +79,7 @@ template <int DT>
 __device__ __forceinline__ void ld8(const void *base, int64_t i, float (&x)[8]) {
   if constexpr (DT == MTOPT__DT_F32) {
     const float4 *q = reinterpret_cast<const float4 *>(static_cast<const float *>(base) + i);
-    const float4 a = __ldcs(q), b = __ldcs(q + 1);
+    const float4 a = ld_stream(q), b = ld_stream(q + 1);
     x[0] = a.x, x[1] = a.y, x[2] = a.z, x[3] = a.w;
     x[4] = b.x, x[5] = b.y, x[6] = b.z, x[7] = b.w;
   } else {
@@ -61,14 +92,14 @@ __device__ __forceinline__ void ld8(const void *base, int64_t i, float (&x)[8]) 
 
 __device__ __forceinline__ void st8f(void *base, int64_t i, const float (&x)[8]) {
   float4 *q = reinterpret_cast<float4 *>(static_cast<float *>(base) + i);
-  __stcs(q, make_float4(x[0], x[1], x[2], x[3]));
-  __stcs(q + 1, make_float4(x[4], x[5], x[6], x[7]));
+  st_stream(q, make_float4(x[0], x[1], x[2], x[3]));
+  st_stream(q + 1, make_float4(x[4], x[5], x[6], x[7]));
 }
 
 /* Stores 8 values in DT, rounded as mtopt__st does (BF16: stochastically from
- * the 16 bits of r[k] >> shift when sr). */
-template <int DT>
-__device__ __forceinline__ void st8(void *base, int64_t i, const float (&x)[8], int sr,
+ * the 16 bits of r[k] >> shift when SR). */
+template <int DT, bool SR>
+__device__ __forceinline__ void st8(void *base, int64_t i, const float (&x)[8],
                                     const uint32_t (&r)[8], int shift) {
   if constexpr (DT == MTOPT__DT_F32) {
     st8f(base, i, x);
@@ -76,7 +107,7 @@ __device__ __forceinline__ void st8(void *base, int64_t i, const float (&x)[8], 
     uint16_t h[8];
 #pragma unroll
     for (int k = 0; k < 8; k++)
-      h[k] = sr ? mtopt__f32_to_bf16_sr(x[k], MTOPT__SR_BITS(r[k], shift)) : mtopt__f32_to_bf16(x[k]);
+      h[k] = SR ? mtopt__f32_to_bf16_sr(x[k], MTOPT__SR_BITS(r[k], shift)) : mtopt__f32_to_bf16(x[k]);
     st16(base, i, h);
   }
 }
@@ -99,9 +130,9 @@ __device__ __forceinline__ void ld_weight8(const mtopt__tensor_rec_t &t, int64_t
 }
 
 /* mtopt__st_weight for a group. */
-template <int W, int MM>
+template <int W, int MM, bool SR>
 __device__ __forceinline__ void st_weight8(const mtopt__tensor_rec_t &t, int64_t i,
-                                           const float (&w)[8], int sr, const uint32_t (&r)[8]) {
+                                           const float (&w)[8], const uint32_t (&r)[8]) {
   if constexpr (MM == MTOPT__MASTER_F32) {
     st8f(t.mw, i, w);
     uint16_t h[8];
@@ -115,37 +146,47 @@ __device__ __forceinline__ void st_weight8(const mtopt__tensor_rec_t &t, int64_t
     st16(t.w, i, p);
     st16(t.mw, i, q);
   } else {
-    st8<W>(t.w, i, w, sr, r, MTOPT__SR_SHIFT_W);
+    st8<W, SR>(t.w, i, w, r, MTOPT__SR_SHIFT_W);
+  }
+}
+
+/* The draws of a group of 8 from element e0 of the tensor (mtopt__draws,
+ * element by element): pm one hash each; v one per pair, five pairs when e0
+ * is odd, its halves picked by e0's parity (uniform over a chunk). */
+__device__ __forceinline__ void draws8(const mtopt__sr_t &sr, int64_t e0, uint32_t (&pm)[8],
+                                       uint32_t (&vv)[8]) {
+#pragma unroll
+  for (int k = 0; k < 8; k++) pm[k] = mtopt__sr_bits(sr.pm, e0 + k);
+  uint32_t d[5];
+#pragma unroll
+  for (int j = 0; j < 5; j++) d[j] = mtopt__sr_bits(sr.v, (e0 >> 1) + j);
+  const int odd = (int)(e0 & 1);
+#pragma unroll
+  for (int k = 0; k < 8; k++) {
+    const uint32_t pair = odd ? d[(k + 1) >> 1] : d[k >> 1];
+    vv[k] = ((k + odd) & 1) ? pair >> 16 : pair;
   }
 }
 
 /* One group of 8 at element i of the tensor (16-byte aligned in every array):
  * mtopt__update_elem's arithmetic, element by element. */
-template <int KIND, int W, int G, int S, int MM>
+template <int KIND, int W, int G, int S, int MM, bool SR>
 __device__ __forceinline__ void update8(const mtopt__tensor_rec_t &t, const mtopt__scalars_t &s,
                                         const mtopt__sr_t &sr, int64_t i) {
   float g[8], w[8];
   ld8<G>(t.g, i, g);
   ld_weight8<W, MM>(t, i, w);
-  uint32_t pm[8], vv[8];
-#pragma unroll
-  for (int k = 0; k < 8; k++) {
-    pm[k] = vv[k] = 0u;
-    if (sr.on) {
-      const int64_t e = t.sr_elem0 + i + k;
-      pm[k] = mtopt__sr_bits(sr.pm, e);
-      vv[k] = mtopt__sr_bits(sr.v, e);
-    }
-  }
+  uint32_t pm[8] = {0u}, vv[8] = {0u};
+  if constexpr (SR) draws8(sr, t.sr_elem0 + i, pm, vv);
   if constexpr (KIND == MTOPT__KIND_ADAMW || KIND == MTOPT__KIND_ADAM) {
     float m[8], v[8];
     ld8<S>(t.s0, i, m);
     ld8<S>(t.s1, i, v);
 #pragma unroll
     for (int k = 0; k < 8; k++) mtopt__adam_elem(&s, KIND == MTOPT__KIND_ADAMW, g[k], &w[k], &m[k], &v[k]);
-    st_weight8<W, MM>(t, i, w, sr.on, pm);
-    st8<S>(t.s0, i, m, sr.on, pm, MTOPT__SR_SHIFT_S0);
-    st8<S>(t.s1, i, v, sr.on, vv, MTOPT__SR_SHIFT_S1);
+    st_weight8<W, MM, SR>(t, i, w, pm);
+    st8<S, SR>(t.s0, i, m, pm, MTOPT__SR_SHIFT_S0);
+    st8<S, SR>(t.s1, i, v, vv, MTOPT__SR_SHIFT_S1);
   } else { /* SGD: momentum is 0 where the tensor has no buffer */
     float b[8];
     if (s.momentum != 0.0f) {
@@ -156,8 +197,8 @@ __device__ __forceinline__ void update8(const mtopt__tensor_rec_t &t, const mtop
     }
 #pragma unroll
     for (int k = 0; k < 8; k++) mtopt__sgd_elem(&s, g[k], &w[k], &b[k]);
-    st_weight8<W, MM>(t, i, w, sr.on, pm);
-    if (s.momentum != 0.0f) st8<S>(t.s0, i, b, sr.on, pm, MTOPT__SR_SHIFT_S0);
+    st_weight8<W, MM, SR>(t, i, w, pm);
+    if (s.momentum != 0.0f) st8<S, SR>(t.s0, i, b, pm, MTOPT__SR_SHIFT_S0);
   }
 }
 
@@ -169,7 +210,7 @@ __device__ __forceinline__ int aligned_at(const void *p, int64_t i, int esize) {
  * 16-byte boundary, groups of 8, a scalar tail; or, where an array is at
  * another phase, all of it element by element. Every thread of the team
  * calls it. */
-template <int TEAM, int KIND, int W, int G, int S, int MM>
+template <int TEAM, int KIND, int W, int G, int S, int MM, bool SR>
 __device__ __forceinline__ void update_chunk(const mtopt__tensor_rec_t &t,
                                              const mtopt__scalars_t &s, const mtopt__sr_t &sr,
                                              int64_t start, int32_t len, int lane) {
@@ -189,7 +230,7 @@ __device__ __forceinline__ void update_chunk(const mtopt__tensor_rec_t &t,
   }
   if (lane < i0) mtopt__update_elem(KIND, &s, &sr, &t, start + lane, &unused_w, &unused_u);
   const int32_t groups = (len - i0) / 8;
-  for (int32_t q = lane; q < groups; q += TEAM) update8<KIND, W, G, S, MM>(t, s, sr, a + 8 * q);
+  for (int32_t q = lane; q < groups; q += TEAM) update8<KIND, W, G, S, MM, SR>(t, s, sr, a + 8 * q);
   const int32_t tail = i0 + 8 * groups;
   if (lane < len - tail) mtopt__update_elem(KIND, &s, &sr, &t, start + tail + lane, &unused_w, &unused_u);
 }
@@ -211,10 +252,17 @@ __device__ __forceinline__ int update(const mtopt__tensor_rec_t &t, const mtopt_
                                       int lane) {
   constexpr int F = MTOPT__DT_F32, B = MTOPT__DT_BF16;
   constexpr int N = MTOPT__MASTER_NONE, M = MTOPT__MASTER_F32, R = MTOPT__MASTER_REMAINDER;
-  switch (layout_of(t)) {
-#define MTOPT__MV_CASE(code, W_, G_, S_, MM_)                                    \
-  case code:                                                                   \
-    update_chunk<TEAM, KIND, W_, G_, S_, MM_>(t, s, sr, start, len, lane);     \
+  /* Stochastic rounding has something to draw for where a bf16 array is
+   * written without a master. */
+  switch (2 * layout_of(t) + (sr.on ? 1 : 0)) {
+#define MTOPT__MV_SR(W_, S_, MM_) (((MM_) == N && (W_) == B) || (S_) == B)
+#define MTOPT__MV_CASE(code, W_, G_, S_, MM_)                                            \
+  case 2 * (code):                                                                     \
+    update_chunk<TEAM, KIND, W_, G_, S_, MM_, false>(t, s, sr, start, len, lane);      \
+    return 1;                                                                          \
+  case 2 * (code) + 1:                                                                 \
+    update_chunk<TEAM, KIND, W_, G_, S_, MM_, MTOPT__MV_SR(W_, S_, MM_)>(t, s, sr, start, \
+                                                                        len, lane);    \
     return 1;
     MTOPT__MV_CASE(0, B, F, F, N)
     MTOPT__MV_CASE(1, B, F, B, N)
@@ -233,6 +281,7 @@ __device__ __forceinline__ int update(const mtopt__tensor_rec_t &t, const mtopt_
     MTOPT__MV_CASE(26, F, B, F, N)
     MTOPT__MV_CASE(27, F, B, B, N)
 #undef MTOPT__MV_CASE
+#undef MTOPT__MV_SR
   default:
     return 0;
   }

@@ -1,5 +1,7 @@
 /*
- * The CUDA kernels of a step, and their extern "C" launchers (launch.h).
+ * The CUDA kernels of a step, as templates over (pass, kind, mixed). Each
+ * pass_*.cu instantiates one kind's (so that the compiler builds them in
+ * parallel); step_launch.cu picks one per launch (launch.h).
  *
  * Every pass is ONE launch over the plan's chunk table, which lives in device
  * memory: no per-tensor host work, no tensor lists in kernel arguments, so the
@@ -44,6 +46,9 @@
  * with a fixed tree in double. The results do not depend on which block
  * finishes last.
  */
+#ifndef MTOPT_BACKEND_CUDA_STEP_KERNELS_CUH
+#define MTOPT_BACKEND_CUDA_STEP_KERNELS_CUH
+
 #include <cuda_runtime.h>
 #include <stdint.h>
 
@@ -171,7 +176,7 @@ __device__ __forceinline__ void stream_chunk(float *const (&p)[N], int32_t len, 
       const int32_t i = base + u * TEAM;
       if (i < n4) {
 #pragma unroll
-        for (int k = 0; k < N; k++) r[u][k] = __ldcs(q[k] + i);
+        for (int k = 0; k < N; k++) r[u][k] = ld_stream(q[k] + i);
       }
     }
 #pragma unroll
@@ -189,7 +194,7 @@ __device__ __forceinline__ void stream_chunk(float *const (&p)[N], int32_t len, 
         }
 #pragma unroll
         for (int k = 0; k < N; k++)
-          if (STORE & (1u << k)) __stcs(q[k] + i, r[u][k]);
+          if (STORE & (1u << k)) st_stream(q[k] + i, r[u][k]);
       }
     }
   }
@@ -321,7 +326,7 @@ struct ChunkView {
   mtopt__sr_t sr;
 };
 
-template <int PASS>
+template <int PASS, bool MIXED>
 __device__ __forceinline__ void load_view(const mtopt__plan_t &p, int64_t c,
                                           ChunkView &v) {
   const mtopt__chunk_rec_t ch = p.chunks[c];
@@ -339,7 +344,7 @@ __device__ __forceinline__ void load_view(const mtopt__plan_t &p, int64_t c,
     v.inv = mtopt__inv_loss_scale(h);
   else if (!v.skip)
     v.s = mtopt__chunk_scalars(h, &p.groups[t->group], t);
-  if (!p.all_f32) {
+  if constexpr (MIXED) {
     v.rec = *t;
     v.start = ch.start;
     if (PASS != MTOPT__PASS_STATS && !v.skip) v.sr = mtopt__sr_for(&p, h, t);
@@ -412,14 +417,14 @@ __device__ __forceinline__ float lamb_chunk_step(const mtopt__plan_t &p, const C
 /* ---- one chunk of each pass, by a team (a block or a warp) ---- */
 
 /* Every thread of the team calls it; v is the team's shared view. */
-template <int TEAM, int PASS, int KIND>
+template <int TEAM, int PASS, int KIND, bool MIXED>
 __device__ __forceinline__ void do_chunk(const mtopt__plan_t &p, int64_t c, ChunkView &v) {
-  if (team_lane<TEAM>() == 0) load_view<PASS>(p, c, v);
+  if (team_lane<TEAM>() == 0) load_view<PASS, MIXED>(p, c, v);
   team_sync<TEAM>();
   if constexpr (PASS == MTOPT__PASS_STATS) {
     double acc = 0.0;
     unsigned bad = 0u;
-    if (p.all_f32) {
+    if constexpr (!MIXED) {
       StatsOp op{v.inv, 0.0, 0u};
       float *const arr[1] = {v.g};
       stream_chunk<TEAM, 1, 0u>(arr, v.len, op);
@@ -438,7 +443,7 @@ __device__ __forceinline__ void do_chunk(const mtopt__plan_t &p, int64_t c, Chun
     /* a skipped step changes nothing; its chunks still count */
   } else if constexpr (PASS == MTOPT__PASS_UPDATE) {
     double wsq = 0.0, usq = 0.0; /* LAMB: the chunk's sums of w^2 and u^2 */
-    if (!p.all_f32) {
+    if constexpr (MIXED) {
       mixed_update<TEAM, KIND>(v, wsq, usq);
     } else if constexpr (KIND == MTOPT__KIND_ADAMW || KIND == MTOPT__KIND_ADAM) {
       AdamOp<KIND == MTOPT__KIND_ADAMW> op{v.s};
@@ -472,7 +477,7 @@ __device__ __forceinline__ void do_chunk(const mtopt__plan_t &p, int64_t c, Chun
     }
   } else { /* LAMB_APPLY */
     const float step = lamb_chunk_step<TEAM>(p, v);
-    if (!p.all_f32) {
+    if constexpr (MIXED) {
       mixed_lamb_apply<TEAM>(v, step);
     } else {
       LambApplyOp op{v.s, step};
@@ -490,14 +495,14 @@ __device__ __forceinline__ void do_chunk(const mtopt__plan_t &p, int64_t c, Chun
  * with a larger chunk (their sizes differ by 1000x among small tensors) and
  * the block's completion count comes once, at the end. The block that exits
  * last resets the counter for the next launch (graph replays included). */
-template <int PASS, int KIND>
-__global__ void __launch_bounds__(kBlock) block_kernel(mtopt__plan_t p, int64_t c0) {
+template <int PASS, int KIND, bool MIXED>
+__global__ void __launch_bounds__(kBlock, MIXED ? MTOPT__MIN_BLOCKS_MIXED : MTOPT__MIN_BLOCKS_F32) block_kernel(mtopt__plan_t p, int64_t c0) {
   __shared__ ChunkView v;
-  do_chunk<kBlock, PASS, KIND>(p, c0 + blockIdx.x, v);
+  do_chunk<kBlock, PASS, KIND, MIXED>(p, c0 + blockIdx.x, v);
   finish_block<PASS>(p, 1u);
 }
 
-template <int PASS, int KIND>
+template <int PASS, int KIND, bool MIXED>
 __global__ void __launch_bounds__(kBlock) warp_kernel(mtopt__plan_t p, int64_t c0,
                                                       int64_t c1) {
   __shared__ ChunkView views[kBlock / 32];
@@ -512,7 +517,7 @@ __global__ void __launch_bounds__(kBlock) warp_kernel(mtopt__plan_t p, int64_t c
     if (lane == 0) k = atomicAdd(&p.hyper->chunks_fetched, 1u);
     k = __shfl_sync(0xffffffffu, k, 0);
     if ((int64_t)k >= c1 - c0) break;
-    do_chunk<32, PASS, KIND>(p, c0 + k, v);
+    do_chunk<32, PASS, KIND, MIXED>(p, c0 + k, v);
     mine++;
   }
   if (lane == 0) atomicAdd(&done, mine);
@@ -525,72 +530,44 @@ __global__ void __launch_bounds__(kBlock) warp_kernel(mtopt__plan_t p, int64_t c
   finish_block<PASS>(p, done);
 }
 
-/* A pass over a plan with no chunks (an empty model, or a ZeRO-1 rank that
- * owns no elements) still ends: the same finalisation, by one thread. */
-__global__ void empty_pass_kernel(mtopt__plan_t p, int pass) {
-  if (pass == MTOPT__PASS_STATS) {
-    if (p.defer_stats) {
-      p.stats_sum[0] = 0.0;
-      p.stats_sum[1] = 0.0;
-    } else {
-      mtopt__stats_finalize(p.hyper, 0.0, 0u);
-    }
-  } else if (mtopt__pass_ends_step(&p, pass)) {
-    mtopt__step_commit(&p, p.hyper);
-  }
-}
+/* ---- the grid of a pass ---- */
 
-__global__ void finish_stats_kernel(mtopt__hyper_t *h, const double *sum) {
-  mtopt__stats_finalize(h, sum[0], (uint64_t)sum[1]);
-}
-
-} /* namespace */
-
-template <int PASS, int KIND>
-static void launch(const mtopt__plan_t &p, int sm_count, int64_t c0, int64_t c1,
+/* MIXED: the plan has a tensor other than all-F32 (plan.all_f32 == 0). The
+ * all-F32 kernels are instantiated apart, so that the registers of the
+ * mixed-precision paths do not cut their occupancy. */
+template <int PASS, int KIND, bool MIXED>
+void launch(const mtopt__plan_t &p, int sm_count, int64_t c0, int64_t c1,
                    cudaStream_t stream) {
   const int64_t n = c1 - c0;
   if (p.mean_chunk_len >= kWarpTeamBelow) {
-    block_kernel<PASS, KIND><<<(unsigned)n, kBlock, 0, stream>>>(p, c0);
+    block_kernel<PASS, KIND, MIXED><<<(unsigned)n, kBlock, 0, stream>>>(p, c0);
     return;
   }
   /* Enough blocks to fill the SMs (a few resident per SM), no more than the
    * chunks need. */
   const int64_t want = (n + kBlock / 32 - 1) / (kBlock / 32);
   const int64_t fill = (int64_t)sm_count * kWarpBlocksPerSm;
-  warp_kernel<PASS, KIND><<<(unsigned)(want < fill ? want : fill), kBlock, 0, stream>>>(p, c0, c1);
+  warp_kernel<PASS, KIND, MIXED><<<(unsigned)(want < fill ? want : fill), kBlock, 0, stream>>>(p, c0, c1);
 }
 
-extern "C" cudaError_t mtopt__launch_pass(const mtopt__plan_t *plan, int sm_count, int pass,
-                                          int64_t c0, int64_t c1, cudaStream_t stream) {
-  if (plan->num_chunks == 0) {
-    empty_pass_kernel<<<1, 1, 0, stream>>>(*plan, pass);
-    return cudaGetLastError();
-  }
-  if (c1 <= c0) return cudaSuccess;
-  if (pass < MTOPT__PASS_STATS || pass > MTOPT__PASS_LAMB_APPLY ||
-      plan->kind < MTOPT__KIND_ADAMW || plan->kind > MTOPT__KIND_LAMB)
-    return cudaErrorInvalidValue;
-  /* The statistics pass is the same for every kind, and LAMB_APPLY is LAMB's:
-   * one instantiation each. */
-  if (pass == MTOPT__PASS_STATS)
-    launch<MTOPT__PASS_STATS, MTOPT__KIND_ADAMW>(*plan, sm_count, c0, c1, stream);
-  else if (pass == MTOPT__PASS_LAMB_APPLY)
-    launch<MTOPT__PASS_LAMB_APPLY, MTOPT__KIND_LAMB>(*plan, sm_count, c0, c1, stream);
-  else if (plan->kind == MTOPT__KIND_ADAMW)
-    launch<MTOPT__PASS_UPDATE, MTOPT__KIND_ADAMW>(*plan, sm_count, c0, c1, stream);
-  else if (plan->kind == MTOPT__KIND_ADAM)
-    launch<MTOPT__PASS_UPDATE, MTOPT__KIND_ADAM>(*plan, sm_count, c0, c1, stream);
-  else if (plan->kind == MTOPT__KIND_SGD)
-    launch<MTOPT__PASS_UPDATE, MTOPT__KIND_SGD>(*plan, sm_count, c0, c1, stream);
+template <int PASS, int KIND>
+void launch(const mtopt__plan_t &p, int sm_count, int64_t c0, int64_t c1,
+                   cudaStream_t stream) {
+  if (p.all_f32)
+    launch<PASS, KIND, false>(p, sm_count, c0, c1, stream);
   else
-    launch<MTOPT__PASS_UPDATE, MTOPT__KIND_LAMB>(*plan, sm_count, c0, c1, stream);
+    launch<PASS, KIND, true>(p, sm_count, c0, c1, stream);
+}
+
+} /* namespace */
+
+/* The launcher step_launch.cu calls (launch.h), defined here for the
+ * instantiations of a pass_*.cu. */
+template <int PASS, int KIND>
+cudaError_t mtopt__launch_of(const mtopt__plan_t &p, int sm_count, int64_t c0, int64_t c1,
+                             cudaStream_t stream) {
+  launch<PASS, KIND>(p, sm_count, c0, c1, stream);
   return cudaGetLastError();
 }
 
-extern "C" cudaError_t mtopt__launch_finish_stats(mtopt__hyper_t *hyper,
-                                                  const double *stats_sum,
-                                                  cudaStream_t stream) {
-  finish_stats_kernel<<<1, 1, 0, stream>>>(hyper, stats_sum);
-  return cudaGetLastError();
-}
+#endif /* MTOPT_BACKEND_CUDA_STEP_KERNELS_CUH */

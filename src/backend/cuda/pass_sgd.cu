@@ -1,0 +1,5 @@
+/* The step kernels of SGD's update pass (step_kernels.cuh). */
+#include "step_kernels.cuh"
+
+template cudaError_t mtopt__launch_of<MTOPT__PASS_UPDATE, MTOPT__KIND_SGD>(
+    const mtopt__plan_t &, int, int64_t, int64_t, cudaStream_t);
