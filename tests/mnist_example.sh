@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # examples/mnist_mlp end to end on the CPU: a short run on a subset of
-# Fashion-MNIST must lower the loss and reach a test accuracy threshold, and
-# bad input must fail with a message that names the file.
+# Fashion-MNIST must lower the loss and reach a test accuracy threshold, in
+# fp32 and in mixed precision (bf16, fp16), and bad input (files, flags,
+# precision flags that cannot go together) must fail with a message.
 #   usage: mnist_example.sh PATH/TO/mnist_mlp
 # MNIST_DATA overrides the data set directory. A missing data set is a
 # failure, not a skip: CI installs dataset-fashion-mnist.
@@ -25,6 +26,7 @@ cat "$work/out.txt"
 
 check_loss_falls "$work/loss.csv" $steps $epochs "one process"
 acc=$(check_accuracy "$work/out.txt" "one process") || exit 1
+loss_first=$first loss_last=$last # check_loss_falls sets first, last
 
 # 2. A directory without the data set: nonzero exit, the file named.
 "$bin" --cpu --data "$work/nowhere" > "$work/bad.txt" 2>&1
@@ -72,4 +74,39 @@ echo "straight: $s1"
 echo "resumed:  $s2"
 [ -n "$s1" ] && [ "$s1" = "$s2" ] || fail "resuming from a checkpoint did not reproduce epoch 3"
 
-echo "PASS: loss $first -> $last, test accuracy $acc%, resume reproduces epoch 3"
+# 6. Mixed precision trains: the run of step 1 with bf16 weights, gradients
+# and state (stochastic rounding, no master), and with fp16 weights and
+# gradients (fp32 masters, the dynamic loss scale): the loss falls, the
+# accuracy passes the bar and stays within 3 points of fp32's.
+for cfg in "bf16 --rounding stochastic --state-dtype bf16" "fp16 --master f32"; do
+  label="--precision $cfg"
+  # shellcheck disable=SC2086 # cfg is a list of flags
+  "$bin" --cpu --data "$data" --train-limit $limit --batch $batch --epochs $epochs \
+    --seed 7 --precision $cfg --csv "$work/mp.csv" > "$work/mp.txt" 2>&1
+  rc=$?
+  cat "$work/mp.txt"
+  [ $rc -eq 0 ] || fail "$label: training run exited with $rc"
+  grep -q "^precision ${cfg%% *} " "$work/mp.txt" || fail "$label: no 'precision' line in the output"
+  check_loss_falls "$work/mp.csv" $steps $epochs "$label"
+  mp_acc=$(check_accuracy "$work/mp.txt" "$label") || exit 1
+  awk -v a="$mp_acc" -v b="$acc" 'BEGIN { exit !(a > b - 3.0) }' ||
+    fail "$label: test accuracy $mp_acc% is more than 3 points below fp32's $acc%"
+done
+
+# 7. Precision flags that cannot go together: nonzero exit, a message that
+# says why. The library refuses remainders of fp16 weights (its message comes
+# through); the example refuses flags that would do nothing.
+bad_combo() { # expected message, flags...
+  local want=$1; shift
+  "$bin" --cpu --data "$data" --train-limit 100 --epochs 1 "$@" > "$work/combo.txt" 2>&1 &&
+    fail "$* exited with 0"
+  cat "$work/combo.txt"
+  grep -q -- "$want" "$work/combo.txt" || fail "$*: the error message does not say '$want'"
+}
+bad_combo "MTOPT_MASTER_REMAINDER needs BF16" --precision fp16 --master remainder
+bad_combo "--master f32: the weights are fp32" --master f32
+bad_combo "--rounding stochastic: nothing would be rounded" --precision bf16 --master f32 \
+  --rounding stochastic
+bad_combo "--precision: 'fp8' is not one of" --precision fp8
+
+echo "PASS: loss $loss_first -> $loss_last, test accuracy $acc%, resume reproduces epoch 3, bf16/fp16 train, bad precision flags refused"

@@ -54,15 +54,23 @@ void dp_start(dp_t *dp, int *argc, char ***argv, int force) {
 
 mtopt_optimizer_t *dp_optimizer_create(dp_t *dp, mtopt_context_t *ctx,
                                        mtopt_tensor_list_t *list,
-                                       const mtopt_optimizer_config_t *cfg, float **grads,
+                                       const mtopt_optimizer_config_t *cfg, void **grads,
                                        int count) {
   mtopt_comm_config_t cc = MTOPT_COMM_CONFIG_INIT;
   cc.first_bucket_bytes = DP_FIRST_BUCKET_BYTES;
   cc.zero_stage = dp->zero_stage;
   MTOPT_CHECK(mtopt_comm_create_mpi(ctx, MPI_COMM_WORLD, &cc, &dp->comm));
-  MTOPT_CHECK(mtopt_dist_optimizer_create(dp->comm, list, cfg, &dp->dopt));
+  /* A configuration the distributed layer refuses (16-bit gradients, which
+   * it does not reduce yet; stochastic rounding with ZeRO-1) is refused
+   * alike on every rank, before any collective: say it once and exit
+   * cleanly. */
+  const mtopt_status_t st = mtopt_dist_optimizer_create(dp->comm, list, cfg, &dp->dopt);
+  if (st == MTOPT_STATUS_INVALID_ARGUMENT || st == MTOPT_STATUS_NOT_SUPPORTED)
+    dp_die_all(dp, "mtopt_dist_optimizer_create refused this configuration: %s",
+               mtopt_last_error()); /* which starts with the status name */
+  MTOPT_CHECK(st);
   for (int t = 0; t < count; t++)
-    MTOPT_CHECK(mtopt_dist_optimizer_get_grad(dp->dopt, t, (void **)&grads[t]));
+    MTOPT_CHECK(mtopt_dist_optimizer_get_grad(dp->dopt, t, &grads[t]));
   MTOPT_CHECK(mtopt_dist_get_bucket_count(dp->dopt, &dp->num_buckets));
   dp->bucket_first = malloc((size_t)(dp->num_buckets > 0 ? dp->num_buckets : 1) *
                             sizeof *dp->bucket_first);
@@ -146,7 +154,7 @@ void dp_start(dp_t *dp, int *argc, char ***argv, int force) {
 
 mtopt_optimizer_t *dp_optimizer_create(dp_t *dp, mtopt_context_t *ctx,
                                        mtopt_tensor_list_t *list,
-                                       const mtopt_optimizer_config_t *cfg, float **grads,
+                                       const mtopt_optimizer_config_t *cfg, void **grads,
                                        int count) {
   MLP_DIE("dp_optimizer_create: no MPI in this build");
 }

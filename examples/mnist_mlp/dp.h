@@ -44,7 +44,7 @@ void dp_start(dp_t *dp, int *argc, char ***argv, int force);
  * it. Collective: every rank calls it. */
 mtopt_optimizer_t *dp_optimizer_create(dp_t *dp, mtopt_context_t *ctx,
                                        mtopt_tensor_list_t *list,
-                                       const mtopt_optimizer_config_t *cfg, float **grads,
+                                       const mtopt_optimizer_config_t *cfg, void **grads,
                                        int count);
 /* The number of buckets (0 when off). */
 int dp_bucket_count(const dp_t *dp);

@@ -5,10 +5,18 @@
  * W[out][in] (torch's nn.Linear layout) and bias b[out]; h = x W^T + b.
  * The six parameter tensors, in registration order, are W1 b1 W2 b2 W3 b3.
  *
- * The backends never own parameters or gradients: main.c allocates the
- * weights through ops->alloc and hands the backend the gradient views of the
- * optimizer's contiguous buffer, so backward writes straight into what
- * mtopt_optimizer_step (or mtopt_dist_step) reads. */
+ * The backends never own parameters or gradients: model.c allocates the
+ * weights through ops->alloc and main.c hands the backend the gradient views
+ * of the optimizer's contiguous buffer, so backward writes straight into what
+ * mtopt_optimizer_step (or mtopt_dist_step) reads.
+ *
+ * Precision (m->dtype, --precision): parameters, gradients and every matrix
+ * product's inputs (the layer inputs, the weights, the upstream gradients)
+ * are stored in F32, BF16 or F16; every product accumulates in fp32, and the
+ * rest (bias, ReLU, softmax, bias gradients) is fp32 math on those stored
+ * values, rounded to nearest where the result is stored in 16 bits. Both
+ * backends round at the same places with the same functions (half.h), so
+ * they differ only in the products' summation order. */
 #ifndef MNIST_MLP_H
 #define MNIST_MLP_H
 
@@ -17,6 +25,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "half.h"
 #include "idx.h"
 #include "mtopt/mtopt.h"
 
@@ -49,10 +58,12 @@ typedef struct {
    * from the optimizer's device memory itself (then its loss_scale argument
    * is ignored), 0 if the caller must pass it. */
   int (*use_dynamic_scale)(mlp_t *m, mtopt_optimizer_t *opt);
-  float *(*alloc)(mlp_t *m, int64_t n);
-  void (*release)(mlp_t *m, float *p);
-  void (*upload)(mlp_t *m, float *dst, const float *src, int64_t n);
-  void (*copy)(mlp_t *m, float *dst, const float *src, int64_t n);
+  /* Zeroed memory of the backend, in bytes; host-to-backend and
+   * backend-to-backend copies, in bytes. */
+  void *(*alloc)(mlp_t *m, size_t bytes);
+  void (*release)(mlp_t *m, void *p);
+  void (*upload)(mlp_t *m, void *dst, const void *src, size_t bytes);
+  void (*copy)(mlp_t *m, void *dst, const void *src, size_t bytes);
   /* Keeps (CPU) or uploads (CUDA) both splits; pixels are normalised on the
    * fly as (p / 255 - m->mean) / m->std. */
   void (*set_data)(mlp_t *m, const idx_set_t *train, const idx_set_t *test);
@@ -87,14 +98,15 @@ struct mlp {
   int threads;   /* CPU: BLAS threads, 0 = the library's default */
   int use_graph; /* CUDA: replay the optimizer step from a graph */
   int device;    /* CUDA: the device ordinal */
+  mtopt_dtype_t dtype; /* parameters, gradients, products' inputs (see above) */
   /* Called by backward once layer `layer`'s gradients (tensors 2 layer and
    * 2 layer + 1) are written and its weights are no longer read: data
    * parallel starts reducing finished buckets there. NULL: not called. */
   void (*grads_done)(void *arg, int layer);
   void *grads_done_arg;
   float mean, std;
-  float *param[MLP_TENSORS]; /* W1 b1 W2 b2 W3 b3, in the backend's memory */
-  float *grad[MLP_TENSORS];  /* views into the optimizer's gradient buffer */
+  void *param[MLP_TENSORS]; /* W1 b1 W2 b2 W3 b3 (dtype), in the backend's memory */
+  void *grad[MLP_TENSORS];  /* views into the optimizer's gradient buffer (dtype) */
   int64_t numel[MLP_TENSORS];
   const idx_set_t *train, *test; /* host copies, for sizes */
   void *impl;                    /* the backend's own state */
@@ -107,13 +119,16 @@ extern const mlp_ops_t mlp_cuda_ops;
 int mlp_cuda_device_count(void);
 #endif
 
-/* ---- shared by both backends: softmax cross-entropy of one row ---- */
+/* ---- shared by both backends: the element-wise formulas ---- */
 
-#ifdef __CUDACC__
-#define MLP_HD __host__ __device__ __forceinline__
-#else
-#define MLP_HD static inline
-#endif
+/* One output of a layer: h + b, through the ReLU when relu. */
+MLP_HD float mlp_bias_act(float h, float b, int relu) {
+  const float v = h + b;
+  return relu && v < 0.0f ? 0.0f : v;
+}
+
+/* The gradient d of a ReLU's output h, taken back through it. */
+MLP_HD float mlp_relu_grad(float d, float h) { return h <= 0.0f ? 0.0f : d; }
 
 /* Loss -log softmax(z)[label] of one row of MLP_CLASSES logits, computed with
  * the max subtracted so exp never overflows. If dz is not NULL, writes the

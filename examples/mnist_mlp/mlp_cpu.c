@@ -1,5 +1,12 @@
 /* The CPU backend: matrix products through OpenBLAS (cblas_sgemm), the rest
- * plain loops. Also the readable reference of what mlp_cuda.cu does. */
+ * plain loops. Also the readable reference of what mlp_cuda.cu does.
+ *
+ * With 16-bit parameters (m->dtype BF16 or F16) portable C does what the GPU
+ * does with 16-bit cuBLAS products: the weights are widened to fp32 copies
+ * before each forward, every product input (layer inputs, upstream
+ * gradients) is rounded to the dtype in place, so that the fp32 buffer holds
+ * exactly the 16-bit value, the products accumulate in fp32 (sgemm), and the
+ * gradients are rounded into the optimizer's 16-bit buffer. */
 #include <cblas.h>
 #include <string.h>
 
@@ -15,6 +22,12 @@ typedef struct {
   int32_t *y;          /* [max_batch] labels */
   float *h[MLP_LAYERS];  /* outputs of each layer: [n][512], [n][256], [n][10] */
   float *dh[MLP_LAYERS]; /* their gradients */
+  /* fp32 views of the parameters: the parameters themselves when they are
+   * F32, else widened copies (refreshed before each forward), and fp32
+   * scratch for a layer's dW and db before they are rounded into the
+   * optimizer's 16-bit gradients (NULL for F32: written in place). */
+  float *wf[MLP_TENSORS];
+  float *gw, *gb;
   float *loss;
   int32_t *correct;
 } cpu_state_t;
@@ -35,6 +48,14 @@ static void cpu_init(mlp_t *m) {
   }
   s->loss = cpu_calloc(m->max_slots, sizeof(float));
   s->correct = cpu_calloc(m->max_slots, sizeof(int32_t));
+  if (m->dtype != MTOPT_DTYPE_F32) {
+    for (int l = 0; l < MLP_LAYERS; l++) {
+      s->wf[2 * l] = cpu_calloc((int64_t)mlp_dims[l] * mlp_dims[l + 1], sizeof(float));
+      s->wf[2 * l + 1] = cpu_calloc(mlp_dims[l + 1], sizeof(float));
+    }
+    s->gw = cpu_calloc((int64_t)mlp_dims[0] * mlp_dims[1], sizeof(float)); /* the largest */
+    s->gb = cpu_calloc(mlp_dims[1], sizeof(float));
+  }
   if (m->threads > 0) openblas_set_num_threads(m->threads);
   m->impl = s;
 }
@@ -50,6 +71,10 @@ static void cpu_destroy(mlp_t *m) {
   }
   free(s->loss);
   free(s->correct);
+  if (m->dtype != MTOPT_DTYPE_F32)
+    for (int t = 0; t < MLP_TENSORS; t++) free(s->wf[t]);
+  free(s->gw);
+  free(s->gb);
   free(s);
   m->impl = NULL;
 }
@@ -59,10 +84,34 @@ static void cpu_bind(mlp_t *m, mtopt_context_t *ctx) { (void)m, (void)ctx; }
 /* Reading the scale on the host is a memcpy here: let main.c pass it. */
 static int cpu_use_dynamic_scale(mlp_t *m, mtopt_optimizer_t *opt) { return 0; }
 
-static float *cpu_alloc(mlp_t *m, int64_t n) { return cpu_calloc(n, sizeof(float)); }
-static void cpu_release(mlp_t *m, float *p) { free(p); }
-static void cpu_copy(mlp_t *m, float *dst, const float *src, int64_t n) {
-  memcpy(dst, src, (size_t)n * sizeof(float));
+static void *cpu_alloc(mlp_t *m, size_t bytes) { return cpu_calloc((int64_t)bytes, 1); }
+static void cpu_release(mlp_t *m, void *p) { free(p); }
+static void cpu_copy(mlp_t *m, void *dst, const void *src, size_t bytes) {
+  memcpy(dst, src, bytes);
+}
+
+/* The fp32 views of the parameters, after a step changed them: F32 ones are
+ * used as they are, 16-bit ones are widened (exactly). */
+static void widen_params(mlp_t *m, cpu_state_t *s) {
+  for (int t = 0; t < MLP_TENSORS; t++) {
+    if (m->dtype == MTOPT_DTYPE_F32) {
+      s->wf[t] = m->param[t];
+      continue;
+    }
+    for (int64_t i = 0; i < m->numel[t]; i++) s->wf[t][i] = mlp_load(m->param[t], m->dtype, i);
+  }
+}
+
+/* x[0 .. n) rounded to dt in place: each holds the value a 16-bit product
+ * input would (nothing to do for F32). */
+static void round_in_place(float *x, int64_t n, mtopt_dtype_t dt) {
+  if (dt == MTOPT_DTYPE_F32) return;
+  for (int64_t i = 0; i < n; i++) x[i] = mlp_round(dt, x[i]);
+}
+
+/* dst[0 .. n) of dt = src rounded (the optimizer's 16-bit gradients). */
+static void store_all(void *dst, mtopt_dtype_t dt, const float *src, int64_t n) {
+  for (int64_t i = 0; i < n; i++) mlp_store(dst, dt, i, src[i]);
 }
 
 static void cpu_set_data(mlp_t *m, const idx_set_t *train, const idx_set_t *test) {
@@ -83,27 +132,28 @@ static void gather(const mlp_t *m, const idx_set_t *set, const int32_t *idx, int
   for (int i = 0; i < n; i++) {
     const int64_t item = idx ? idx[first + i] : first + i;
     const uint8_t *p = set->pixels + item * MLP_INPUT;
-    for (int k = 0; k < MLP_INPUT; k++) x[(int64_t)i * MLP_INPUT + k] = p[k] * scale - shift;
+    for (int k = 0; k < MLP_INPUT; k++)
+      x[(int64_t)i * MLP_INPUT + k] = mlp_round(m->dtype, p[k] * scale - shift);
     y[i] = set->labels[item];
   }
 }
 
-/* h = act(x W^T + b) for every layer; the last layer has no ReLU. */
+/* h = act(x W^T + b) for every layer; the last layer has no ReLU. Hidden
+ * outputs are the next product's input: rounded to the dtype; the logits
+ * stay fp32 (the softmax reads them). Needs widen_params first. */
 static void forward(mlp_t *m, cpu_state_t *s, int n) {
   const float *in = s->x;
   for (int l = 0; l < MLP_LAYERS; l++) {
     const int fan_in = mlp_dims[l], out = mlp_dims[l + 1];
-    const float *W = m->param[2 * l], *b = m->param[2 * l + 1];
+    const float *W = s->wf[2 * l], *b = s->wf[2 * l + 1];
     float *h = s->h[l];
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, out, fan_in, 1.0f, in, fan_in,
                 W, fan_in, 0.0f, h, out);
     const int relu = l < MLP_LAYERS - 1;
+    const mtopt_dtype_t dt = relu ? m->dtype : MTOPT_DTYPE_F32;
     for (int i = 0; i < n; i++) {
       float *row = h + (int64_t)i * out;
-      for (int j = 0; j < out; j++) {
-        const float v = row[j] + b[j];
-        row[j] = relu && v < 0.0f ? 0.0f : v;
-      }
+      for (int j = 0; j < out; j++) row[j] = mlp_round(dt, mlp_bias_act(row[j], b[j], relu));
     }
     in = h;
   }
@@ -127,13 +177,17 @@ static float loss_and_grad(cpu_state_t *s, int n, float mean_rows, float loss_sc
   return (float)(sum / n);
 }
 
-/* Back from dlogits to every gradient, written into m->grad. */
+/* Back from dlogits (already rounded to the dtype) to every gradient,
+ * written into m->grad: in place for F32, else computed in fp32 and rounded
+ * into it. */
 static void backward(mlp_t *m, cpu_state_t *s, int n) {
+  const mtopt_dtype_t dt = m->dtype;
   for (int l = MLP_LAYERS - 1; l >= 0; l--) {
     const int fan_in = mlp_dims[l], out = mlp_dims[l + 1];
     const float *in = l > 0 ? s->h[l - 1] : s->x;
     const float *dh = s->dh[l];
-    float *dW = m->grad[2 * l], *db = m->grad[2 * l + 1];
+    float *dW = dt == MTOPT_DTYPE_F32 ? (float *)m->grad[2 * l] : s->gw;
+    float *db = dt == MTOPT_DTYPE_F32 ? (float *)m->grad[2 * l + 1] : s->gb;
     /* dW[out][in] = dh^T x */
     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, out, fan_in, n, 1.0f, dh, out, in,
                 fan_in, 0.0f, dW, fan_in);
@@ -141,13 +195,18 @@ static void backward(mlp_t *m, cpu_state_t *s, int n) {
     for (int j = 0; j < out; j++) db[j] = 0.0f;
     for (int i = 0; i < n; i++)
       for (int j = 0; j < out; j++) db[j] += dh[(int64_t)i * out + j];
+    if (dt != MTOPT_DTYPE_F32) {
+      store_all(m->grad[2 * l], dt, dW, (int64_t)out * fan_in);
+      store_all(m->grad[2 * l + 1], dt, db, out);
+    }
     if (l > 0) { /* nobody needs the gradient of the input */
-      /* d(in) = dh W, then through the ReLU that produced `in` */
+      /* d(in) = dh W, then through the ReLU that produced `in`, rounded: it
+       * is the next products' input */
       float *din = s->dh[l - 1];
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, fan_in, out, 1.0f, dh, out,
-                  m->param[2 * l], fan_in, 0.0f, din, fan_in);
+                  s->wf[2 * l], fan_in, 0.0f, din, fan_in);
       for (int64_t k = 0; k < (int64_t)n * fan_in; k++)
-        if (in[k] <= 0.0f) din[k] = 0.0f;
+        din[k] = mlp_round(dt, mlp_relu_grad(din[k], in[k]));
     }
     /* Only now: W of this layer was read just above, and whoever is told may
      * update it. */
@@ -158,9 +217,11 @@ static void backward(mlp_t *m, cpu_state_t *s, int n) {
 static void cpu_train_batch(mlp_t *m, int64_t first, int n, float mean_rows, float loss_scale,
                             int64_t slot) {
   cpu_state_t *s = m->impl;
+  widen_params(m, s);
   gather(m, s->train, s->perm, first, n, s->x, s->y);
   forward(m, s, n);
   s->loss[slot] = loss_and_grad(s, n, mean_rows, loss_scale, 1, &s->correct[slot]);
+  round_in_place(s->dh[MLP_LAYERS - 1], (int64_t)n * MLP_CLASSES, m->dtype);
   backward(m, s, n);
 }
 
@@ -173,6 +234,7 @@ static void cpu_read_slots(mlp_t *m, int64_t n, float *loss, int32_t *correct) {
 static int64_t cpu_evaluate(mlp_t *m, int64_t begin, int64_t count) {
   cpu_state_t *s = m->impl;
   int64_t total = 0;
+  widen_params(m, s);
   for (int64_t first = begin; first < begin + count; first += m->max_batch) {
     const int64_t left = begin + count - first;
     const int n = left < m->max_batch ? (int)left : m->max_batch;

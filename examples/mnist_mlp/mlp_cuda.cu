@@ -3,6 +3,16 @@
  * (mtopt_cuda_context_set_stream), so backward -> optimizer step -> next
  * forward is ordered without host synchronisation. Same math as mlp_cpu.c.
  *
+ * Precision (m->dtype): with BF16 or F16 the products are cublasGemmEx with
+ * 16-bit inputs, fp32 outputs and CUBLAS_COMPUTE_32F (fp32 accumulation,
+ * tensor cores). Every product output is kept in fp32 (bias, ReLU and
+ * softmax work on it); what a later product reads is also stored in the
+ * dtype: the input batch, the hidden activations and the upstream
+ * gradients, in x16 / h16 / dh16 (for F32 these are the fp32 buffers
+ * themselves). dW goes to fp32 scratch and is rounded into the optimizer's
+ * 16-bit gradient by our own kernel, so its rounding (and an fp16 overflow
+ * to inf, which the dynamic loss scale must see) is the CPU backend's.
+ *
  * cuBLAS is column-major and our matrices are row-major: a row-major [r][c]
  * matrix is a column-major c x r one, so every product below is written for
  * the transposes (each call says which row-major product it computes). */
@@ -40,9 +50,14 @@ typedef struct {
   uint8_t *train_px, *train_lb, *test_px, *test_lb;
   int64_t train_n, test_n;
   int32_t *perm;                 /* this epoch's order, on the device */
-  float *x;                      /* [max_batch][784] */
+  void *x;                       /* [max_batch][784], in the model's dtype */
   int32_t *y;                    /* [max_batch] */
-  float *h[MLP_LAYERS], *dh[MLP_LAYERS];
+  float *h[MLP_LAYERS], *dh[MLP_LAYERS]; /* fp32 outputs of the products */
+  /* What the products read, in the model's dtype: the hidden activations and
+   * the upstream gradients (for F32, h and dh themselves), and dW's fp32
+   * scratch (16-bit only: NULL for F32, dW is written in place). */
+  void *h16[MLP_LAYERS], *dh16[MLP_LAYERS];
+  float *dw32;
   float *loss, *eval_loss;       /* per-batch slots */
   int32_t *correct, *eval_correct;
   int64_t eval_slots;
@@ -58,40 +73,54 @@ static unsigned blocks_for(int64_t count, int threads) {
 /* ------------------------------------------------------------- kernels -- */
 
 /* x[i][k] = pixel / (255 std) - mean / std of image perm[first+i] (or
- * first+i when perm is NULL), y[i] its label. One thread per pixel. */
+ * first+i when perm is NULL), stored as dt; y[i] its label. One thread per
+ * pixel. */
 __global__ void gather_kernel(const uint8_t *pixels, const uint8_t *labels,
                               const int32_t *perm, int64_t first, int n, float scale,
-                              float shift, float *x, int32_t *y) {
+                              float shift, void *x, mtopt_dtype_t dt, int32_t *y) {
   const int64_t idx = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
   if (idx >= (int64_t)n * MLP_INPUT) return;
   const int i = (int)(idx / MLP_INPUT), k = (int)(idx % MLP_INPUT);
   const int64_t item = perm ? perm[first + i] : first + i;
-  x[idx] = pixels[item * MLP_INPUT + k] * scale - shift;
+  mlp_store(x, dt, idx, pixels[item * MLP_INPUT + k] * scale - shift);
   if (k == 0) y[i] = labels[item];
 }
 
-/* h[i][j] = act(h[i][j] + b[j]); ReLU or identity. */
-__global__ void bias_act_kernel(float *h, const float *b, int n, int cols, int relu) {
+/* h[i][j] = act(h[i][j] + b[j]), ReLU or identity, b stored as dt. When out
+ * is not NULL (16-bit hidden layers) the result is also the next product's
+ * input, stored as dt there. */
+__global__ void bias_act_kernel(float *h, const void *b, mtopt_dtype_t dt, int n, int cols,
+                                int relu, void *out) {
   const int64_t idx = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
   if (idx >= (int64_t)n * cols) return;
-  const float v = h[idx] + b[idx % cols];
-  h[idx] = relu && v < 0.0f ? 0.0f : v;
+  const float v = mlp_bias_act(h[idx], mlp_load(b, dt, idx % cols), relu);
+  h[idx] = v;
+  if (out) mlp_store(out, dt, idx, v);
 }
 
-/* d = 0 where the ReLU output h was 0. */
-__global__ void relu_backward_kernel(float *d, const float *h, int64_t count) {
+/* The gradient d of a ReLU's output h (stored as dt) taken back through it,
+ * stored as dt in out (for F32, d itself). */
+__global__ void relu_backward_kernel(const float *d, const void *h, mtopt_dtype_t dt,
+                                     int64_t count, void *out) {
   const int64_t idx = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
-  if (idx < count && h[idx] <= 0.0f) d[idx] = 0.0f;
+  if (idx < count) mlp_store(out, dt, idx, mlp_relu_grad(d[idx], mlp_load(h, dt, idx)));
 }
 
-/* db[j] = sum_i dh[i][j]: one thread per column, reading rows in order
- * (neighbouring threads read neighbouring columns, so loads coalesce). */
-__global__ void bias_grad_kernel(const float *dh, int n, int cols, float *db) {
+/* dst[i] = src[i] stored as dt (rounded to nearest even). */
+__global__ void store_kernel(const float *src, void *dst, mtopt_dtype_t dt, int64_t count) {
+  const int64_t idx = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+  if (idx < count) mlp_store(dst, dt, idx, src[idx]);
+}
+
+/* db[j] = sum_i dh[i][j], dh and db stored as dt: one thread per column,
+ * reading rows in order (neighbouring threads read neighbouring columns, so
+ * loads coalesce). */
+__global__ void bias_grad_kernel(const void *dh, mtopt_dtype_t dt, int n, int cols, void *db) {
   const int j = blockIdx.x * blockDim.x + threadIdx.x;
   if (j >= cols) return;
   float s = 0.0f;
-  for (int i = 0; i < n; i++) s += dh[(int64_t)i * cols + j];
-  db[j] = s;
+  for (int i = 0; i < n; i++) s += mlp_load(dh, dt, (int64_t)i * cols + j);
+  mlp_store(db, dt, j, s);
 }
 
 /* Softmax cross-entropy of a batch in one block: each thread takes rows
@@ -154,12 +183,18 @@ static void cuda_init(mlp_t *m) {
   CUDA_CHECK(cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking));
   CUBLAS_CHECK(cublasCreate(&s->blas));
   CUBLAS_CHECK(cublasSetStream(s->blas, s->stream));
-  s->x = device_alloc<float>(s, (int64_t)m->max_batch * MLP_INPUT);
+  const int wide = m->dtype == MTOPT_DTYPE_F32;
+  const size_t es = mlp_dtype_size(m->dtype);
+  s->x = device_alloc<uint8_t>(s, (int64_t)m->max_batch * MLP_INPUT * (int64_t)es);
   s->y = device_alloc<int32_t>(s, m->max_batch);
   for (int l = 0; l < MLP_LAYERS; l++) {
-    s->h[l] = device_alloc<float>(s, (int64_t)m->max_batch * mlp_dims[l + 1]);
-    s->dh[l] = device_alloc<float>(s, (int64_t)m->max_batch * mlp_dims[l + 1]);
+    const int64_t count = (int64_t)m->max_batch * mlp_dims[l + 1];
+    s->h[l] = device_alloc<float>(s, count);
+    s->dh[l] = device_alloc<float>(s, count);
+    s->h16[l] = wide ? (void *)s->h[l] : device_alloc<uint8_t>(s, count * (int64_t)es);
+    s->dh16[l] = wide ? (void *)s->dh[l] : device_alloc<uint8_t>(s, count * (int64_t)es);
   }
+  if (!wide) s->dw32 = device_alloc<float>(s, (int64_t)mlp_dims[0] * mlp_dims[1]);
   s->loss = device_alloc<float>(s, m->max_slots);
   s->correct = device_alloc<int32_t>(s, m->max_slots);
   m->impl = s;
@@ -174,9 +209,12 @@ static void cuda_destroy(mlp_t *m) {
                   s->loss, s->eval_loss, s->correct, s->eval_correct};
   for (void *p : bufs) CUDA_CHECK(cudaFree(p));
   for (int l = 0; l < MLP_LAYERS; l++) {
+    if (s->h16[l] != s->h[l]) CUDA_CHECK(cudaFree(s->h16[l]));
+    if (s->dh16[l] != s->dh[l]) CUDA_CHECK(cudaFree(s->dh16[l]));
     CUDA_CHECK(cudaFree(s->h[l]));
     CUDA_CHECK(cudaFree(s->dh[l]));
   }
+  CUDA_CHECK(cudaFree(s->dw32));
   CUBLAS_CHECK(cublasDestroy(s->blas));
   CUDA_CHECK(cudaStreamDestroy(s->stream));
   free(s);
@@ -194,20 +232,20 @@ static int cuda_use_dynamic_scale(mlp_t *m, mtopt_optimizer_t *opt) {
   return 1;
 }
 
-static float *cuda_alloc(mlp_t *m, int64_t n) { return device_alloc<float>(state(m), n); }
-static void cuda_release(mlp_t *m, float *p) { CUDA_CHECK(cudaFree(p)); }
+static void *cuda_alloc(mlp_t *m, size_t bytes) {
+  return device_alloc<uint8_t>(state(m), (int64_t)bytes);
+}
+static void cuda_release(mlp_t *m, void *p) { CUDA_CHECK(cudaFree(p)); }
 
 /* Uploads are rare (set-up, once per epoch): synchronous, on our stream.
  * Device-to-device copies stay in stream order. */
-static void cuda_upload(mlp_t *m, float *dst, const float *src, int64_t n) {
+static void cuda_upload(mlp_t *m, void *dst, const void *src, size_t bytes) {
   cuda_state_t *s = state(m);
-  CUDA_CHECK(cudaMemcpyAsync(dst, src, (size_t)n * sizeof(float), cudaMemcpyHostToDevice,
-                             s->stream));
+  CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, s->stream));
   CUDA_CHECK(cudaStreamSynchronize(s->stream));
 }
-static void cuda_copy(mlp_t *m, float *dst, const float *src, int64_t n) {
-  CUDA_CHECK(cudaMemcpyAsync(dst, src, (size_t)n * sizeof(float), cudaMemcpyDeviceToDevice,
-                             state(m)->stream));
+static void cuda_copy(mlp_t *m, void *dst, const void *src, size_t bytes) {
+  CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, state(m)->stream));
 }
 
 static uint8_t *upload_bytes(cuda_state_t *s, const uint8_t *src, int64_t n) {
@@ -245,46 +283,79 @@ static void gather(mlp_t *m, const uint8_t *px, const uint8_t *lb, const int32_t
   cuda_state_t *s = state(m);
   const float scale = 1.0f / (255.0f * m->std), shift = m->mean / m->std;
   gather_kernel<<<blocks_for((int64_t)n * MLP_INPUT, THREADS), THREADS, 0, s->stream>>>(
-      px, lb, perm, first, n, scale, shift, s->x, s->y);
+      px, lb, perm, first, n, scale, shift, s->x, m->dtype, s->y);
   KERNEL_CHECK();
+}
+
+/* Column-major C[m][n] (fp32) = op(A) op(B), A and B stored as dt, summed in
+ * fp32: cublasSgemm for F32 (as it always was), else cublasGemmEx with 16-bit
+ * inputs and CUBLAS_COMPUTE_32F. */
+static void gemm(cuda_state_t *s, mtopt_dtype_t dt, cublasOperation_t ta, cublasOperation_t tb,
+                 int m, int n, int k, const void *A, int lda, const void *B, int ldb, float *C,
+                 int ldc) {
+  const float one = 1.0f, zero = 0.0f;
+  if (dt == MTOPT_DTYPE_F32) {
+    CUBLAS_CHECK(cublasSgemm(s->blas, ta, tb, m, n, k, &one, (const float *)A, lda,
+                             (const float *)B, ldb, &zero, C, ldc));
+    return;
+  }
+  const cudaDataType_t t = dt == MTOPT_DTYPE_BF16 ? CUDA_R_16BF : CUDA_R_16F;
+  CUBLAS_CHECK(cublasGemmEx(s->blas, ta, tb, m, n, k, &one, A, t, lda, B, t, ldb, &zero, C,
+                            CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
 static void forward(mlp_t *m, int n) {
   cuda_state_t *s = state(m);
-  const float one = 1.0f, zero = 0.0f;
-  const float *in = s->x;
+  const void *in = s->x;
   for (int l = 0; l < MLP_LAYERS; l++) {
     const int fan_in = mlp_dims[l], out = mlp_dims[l + 1];
+    const int hidden = l < MLP_LAYERS - 1; /* ReLU, and the next layer's input */
     /* row-major h[n][out] = in[n][fan_in] W^T */
-    CUBLAS_CHECK(cublasSgemm(s->blas, CUBLAS_OP_T, CUBLAS_OP_N, out, n, fan_in, &one,
-                             m->param[2 * l], fan_in, in, fan_in, &zero, s->h[l], out));
+    gemm(s, m->dtype, CUBLAS_OP_T, CUBLAS_OP_N, out, n, fan_in, m->param[2 * l], fan_in, in,
+         fan_in, s->h[l], out);
     bias_act_kernel<<<blocks_for((int64_t)n * out, THREADS), THREADS, 0, s->stream>>>(
-        s->h[l], m->param[2 * l + 1], n, out, l < MLP_LAYERS - 1);
+        s->h[l], m->param[2 * l + 1], m->dtype, n, out, hidden,
+        hidden && s->h16[l] != s->h[l] ? s->h16[l] : NULL);
     KERNEL_CHECK();
-    in = s->h[l];
+    in = s->h16[l]; /* for F32, h[l] itself */
   }
 }
 
+/* From dlogits in dh[last] (fp32) to every gradient, stored as the model's
+ * dtype in m->grad. */
 static void backward(mlp_t *m, int n) {
   cuda_state_t *s = state(m);
-  const float one = 1.0f, zero = 0.0f;
+  const mtopt_dtype_t dt = m->dtype;
+  const int wide = dt == MTOPT_DTYPE_F32;
+  if (!wide) {
+    const int64_t count = (int64_t)n * MLP_CLASSES;
+    store_kernel<<<blocks_for(count, THREADS), THREADS, 0, s->stream>>>(
+        s->dh[MLP_LAYERS - 1], s->dh16[MLP_LAYERS - 1], dt, count);
+    KERNEL_CHECK();
+  }
   for (int l = MLP_LAYERS - 1; l >= 0; l--) {
     const int fan_in = mlp_dims[l], out = mlp_dims[l + 1];
-    const float *in = l > 0 ? s->h[l - 1] : s->x;
-    /* row-major dW[out][fan_in] = dh^T in */
-    CUBLAS_CHECK(cublasSgemm(s->blas, CUBLAS_OP_N, CUBLAS_OP_T, fan_in, out, n, &one, in,
-                             fan_in, s->dh[l], out, &zero, m->grad[2 * l], fan_in));
+    const void *in = l > 0 ? s->h16[l - 1] : s->x;
+    /* row-major dW[out][fan_in] = dh^T in; 16-bit: in fp32, then rounded */
+    float *dW = wide ? (float *)m->grad[2 * l] : s->dw32;
+    gemm(s, dt, CUBLAS_OP_N, CUBLAS_OP_T, fan_in, out, n, in, fan_in, s->dh16[l], out, dW,
+         fan_in);
+    if (!wide) {
+      const int64_t count = (int64_t)out * fan_in;
+      store_kernel<<<blocks_for(count, THREADS), THREADS, 0, s->stream>>>(
+          dW, m->grad[2 * l], dt, count);
+      KERNEL_CHECK();
+    }
     bias_grad_kernel<<<blocks_for(out, THREADS), THREADS, 0, s->stream>>>(
-        s->dh[l], n, out, m->grad[2 * l + 1]);
+        s->dh16[l], dt, n, out, m->grad[2 * l + 1]);
     KERNEL_CHECK();
     if (l > 0) { /* nobody needs the gradient of the input */
       /* row-major d(in)[n][fan_in] = dh W, then through the ReLU */
-      CUBLAS_CHECK(cublasSgemm(s->blas, CUBLAS_OP_N, CUBLAS_OP_N, fan_in, n, out, &one,
-                               m->param[2 * l], fan_in, s->dh[l], out, &zero, s->dh[l - 1],
-                               fan_in));
+      gemm(s, dt, CUBLAS_OP_N, CUBLAS_OP_N, fan_in, n, out, m->param[2 * l], fan_in,
+           s->dh16[l], out, s->dh[l - 1], fan_in);
       const int64_t count = (int64_t)n * fan_in;
       relu_backward_kernel<<<blocks_for(count, THREADS), THREADS, 0, s->stream>>>(
-          s->dh[l - 1], in, count);
+          s->dh[l - 1], s->h16[l - 1], dt, count, s->dh16[l - 1]);
       KERNEL_CHECK();
     }
     /* The layer's work is enqueued; whatever grads_done enqueues on our
