@@ -45,6 +45,14 @@ _NP_DTYPE = {"f32": np.dtype(np.float32), "f16": np.dtype(np.float16),
              "bf16": np.dtype(np.uint16)}
 
 
+def __getattr__(name):
+    # mtopt.torch on first use, so that `import mtopt` needs no torch.
+    if name == "torch":
+        import importlib
+        return importlib.import_module(".torch", __name__)
+    raise AttributeError("module 'mtopt' has no attribute %r" % name)
+
+
 def backend_available(backend):
     """Whether a backend ("cpu", "cuda") is compiled in and usable."""
     return bool(_L.mtopt_backend_available(_enum(_lib.BACKENDS, backend, "backend")))
@@ -147,7 +155,8 @@ class TensorList:
         h = _c.c_void_p()
         check(_L.mtopt_tensor_list_create(context._h, _c.byref(h)))
         self._h = h
-        # (param, grad or None, param dtype, grad dtype), by index
+        # (param or keepalive, grad or None, param dtype, grad dtype, numel),
+        # by index
         self._tensors = []
 
     def add(self, param, grad=None, *, dtype=None, grad_dtype=None,
@@ -182,7 +191,7 @@ class TensorList:
         idx = self._add(param.ctypes.data, None if grad is None else grad.ctypes.data,
                         param.size, pd, gd if gd is not None else pd,
                         no_weight_decay, group, name)
-        self._tensors.append((param, grad, pd, gd if gd is not None else pd))
+        self._tensors.append((param, grad, pd, gd if gd is not None else pd, param.size))
         return idx
 
     def add_pointers(self, param_ptr, grad_ptr, numel, *, dtype="f32", grad_dtype=None,
@@ -192,7 +201,7 @@ class TensorList:
         pd = _dtype_of(None, dtype, "dtype")
         gd = _dtype_of(None, grad_dtype if grad_dtype is not None else dtype, "grad_dtype")
         idx = self._add(param_ptr, grad_ptr, numel, pd, gd, no_weight_decay, group, name)
-        self._tensors.append((keepalive, None, pd, gd))
+        self._tensors.append((keepalive, None, pd, gd, int(numel)))
         return idx
 
     def _add(self, p, g, numel, pd, gd, no_wd, group, name):
@@ -327,33 +336,78 @@ class Optimizer:
         return t
 
     def _shape(self, t):
-        p = self.tensors._tensors[t][0]
-        return p.shape if isinstance(p, np.ndarray) else None
+        p, _, _, _, n = self.tensors._tensors[t]
+        return p.shape if isinstance(p, np.ndarray) else (n,)
+
+    def has_state(self, tensor, which):
+        """Whether the optimizer keeps that state buffer for the tensor
+        ("master" only for F16/BF16 parameters with master weights, "momentum"
+        only for SGD with momentum, ...)."""
+        dt = _c.c_int()
+        return _L.mtopt_optimizer_get_state_dtype(
+            self._h, self._tensor(tensor), _enum(_lib.STATES, which, "state"),
+            _c.byref(dt)) == 0
 
     def read_state(self, tensor, which):
         """A copy of a tensor's state buffer ("exp_avg", "exp_avg_sq",
-        "momentum", "master") as float32, shaped as the parameter."""
+        "momentum", "master") as float32, shaped as the parameter (flat for
+        tensors added by pointer)."""
         t = self._tensor(tensor)
         w = _enum(_lib.STATES, which, "state")
         dt = _c.c_int()
-        # The numel first (the library refuses a buffer it does not keep).
+        # Refused here first if the library does not keep the buffer.
         check(_L.mtopt_optimizer_get_state_dtype(self._h, t, w, _c.byref(dt)))
-        p = self.tensors._tensors[t][0]
-        n = p.size if isinstance(p, np.ndarray) else None
-        if n is None:
-            raise ValueError("read_state: tensor %d was added by pointer; its size is "
-                             "not known here" % t)
-        out = np.empty(n, np.float32)
+        out = np.empty(self.tensors._tensors[t][4], np.float32)
         check(_L.mtopt_optimizer_read_state(
             self._h, t, w, out.ctypes.data_as(_c.POINTER(_c.c_float))))
         return out.reshape(self._shape(t))
+
+    def write_state(self, tensor, which, values):
+        """Writes a tensor's state buffer from float values (any array of the
+        tensor's element count), rounded to nearest into the storage dtype;
+        "master" also rewrites the parameter as the master rounded. The
+        library refuses non-finite values and a negative "exp_avg_sq" (then
+        nothing is written). CUDA: waits for the stream."""
+        t = self._tensor(tensor)
+        w = _enum(_lib.STATES, which, "state")
+        src = np.ascontiguousarray(values, dtype=np.float32).reshape(-1)
+        n = self.tensors._tensors[t][4]
+        if src.size != n:
+            raise ValueError("write_state: %d values for tensor %d of %d elements"
+                             % (src.size, t, n))
+        check(_L.mtopt_optimizer_write_state(
+            self._h, t, w, src.ctypes.data_as(_c.POINTER(_c.c_float))))
+
+    def set_group(self, group, lr_mult, weight_decay_mult):
+        """A group's lr and weight-decay multipliers for the following steps
+        (stream-ordered on CUDA: a captured graph reads them at each replay)."""
+        check(_L.mtopt_optimizer_set_group(self._h, int(group), float(lr_mult),
+                                           float(weight_decay_mult)))
+
+    def get_group(self, group):
+        lr, wd = _c.c_float(), _c.c_float()
+        check(_L.mtopt_optimizer_get_group(self._h, int(group), _c.byref(lr), _c.byref(wd)))
+        return lr.value, wd.value
+
+    def set_step_count(self, step):
+        """The count of applied steps (the next step is step + 1: Adam's bias
+        corrections), e.g. to resume from state saved elsewhere."""
+        check(_L.mtopt_optimizer_set_step_count(self._h, int(step)))
+
+    def grad_address(self, tensor):
+        """The address of the gradient a tensor's step reads (the library's
+        buffer view for tensors added with grad=None): a device address on a
+        CUDA context; None for an empty tensor without one."""
+        ptr = _c.c_void_p()
+        check(_L.mtopt_optimizer_get_grad(self._h, self._tensor(tensor), _c.byref(ptr)))
+        return ptr.value
 
     def grad(self, tensor):
         """The gradient the step reads for a tensor, as a numpy view (the
         library's buffer for tensors added with grad=None; CPU only). The
         view holds a reference to the optimizer."""
         t = self._tensor(tensor)
-        p, g, _, gd = self.tensors._tensors[t]
+        p, g, _, gd, _ = self.tensors._tensors[t]
         if g is not None:
             return g
         ptr = _c.c_void_p()

@@ -7,10 +7,10 @@ Only this file knows the C layout; mtopt/__init__.py builds on it.
 import ctypes
 import os
 
-# The API these bindings mirror: MTOPT_VERSION_CODE of the 0.2 headers
+# The API these bindings mirror: MTOPT_VERSION_CODE of the 0.3 headers
 # (major * 10000 + minor * 100 + patch). The configs carry it as api_version,
 # as MTOPT_*_CONFIG_INIT does in C.
-API_VERSION = 200
+API_VERSION = 300
 
 # MTOPT_STATUS_LIST, in code order (mtopt_status_name gives the same names).
 STATUS_NAMES = (
@@ -225,11 +225,18 @@ _DECLS = {
     "mtopt_optimizer_set_hyperparam": (_S, [_P, ctypes.c_int, ctypes.c_double]),
     "mtopt_optimizer_get_hyperparam": (
         _S, [_P, ctypes.c_int, ctypes.POINTER(ctypes.c_double)]),
+    "mtopt_optimizer_set_group": (_S, [_P, ctypes.c_int32, ctypes.c_float, ctypes.c_float]),
+    "mtopt_optimizer_get_group": (
+        _S, [_P, ctypes.c_int32, ctypes.POINTER(ctypes.c_float),
+             ctypes.POINTER(ctypes.c_float)]),
+    "mtopt_optimizer_set_step_count": (_S, [_P, _I64]),
     "mtopt_optimizer_get_step_info": (_S, [_P, ctypes.POINTER(StepInfoStruct)]),
     "mtopt_optimizer_get_state": (_S, [_P, _I64, ctypes.c_int, ctypes.POINTER(_P)]),
     "mtopt_optimizer_get_state_dtype": (
         _S, [_P, _I64, ctypes.c_int, ctypes.POINTER(ctypes.c_int)]),
     "mtopt_optimizer_read_state": (
+        _S, [_P, _I64, ctypes.c_int, ctypes.POINTER(ctypes.c_float)]),
+    "mtopt_optimizer_write_state": (
         _S, [_P, _I64, ctypes.c_int, ctypes.POINTER(ctypes.c_float)]),
     "mtopt_optimizer_get_grad": (_S, [_P, _I64, ctypes.POINTER(_P)]),
     "mtopt_optimizer_zero_grad": (_S, [_P]),
@@ -238,10 +245,30 @@ _DECLS = {
     "mtopt_optimizer_get_info": (_S, [_P, ctypes.POINTER(OptimizerInfoStruct)]),
 }
 
+# mtopt_cuda.h: only in builds with the CUDA backend (has_cuda_api()).
+# cudaStream_t is a pointer; torch's Stream.cuda_stream gives it as an int.
+_CUDA_DECLS = {
+    "mtopt_cuda_context_set_stream": (_S, [_P, _P]),
+    "mtopt_cuda_context_get_stream": (_S, [_P, ctypes.POINTER(_P)]),
+    "mtopt_cuda_optimizer_get_device_results": (
+        _S, [_P, ctypes.POINTER(_P), ctypes.POINTER(_P), ctypes.POINTER(_P)]),
+}
+
 for _name, (_res, _args) in _DECLS.items():
     _fn = getattr(lib, _name)
     _fn.restype = _res
     _fn.argtypes = _args
+for _name, (_res, _args) in _CUDA_DECLS.items():
+    _fn = getattr(lib, _name, None)
+    if _fn is not None:
+        _fn.restype = _res
+        _fn.argtypes = _args
+
+
+def has_cuda_api():
+    """Whether the loaded library was built with the CUDA backend (and so
+    exports the mtopt_cuda.h calls)."""
+    return all(hasattr(lib, n) for n in _CUDA_DECLS)
 
 
 def check(status):

@@ -414,3 +414,106 @@ def test_cuda_context_without_cuda():
     with pytest.raises(mtopt.MtoptError) as e:
         mtopt.Context("cuda")
     assert e.value.name in ("NOT_SUPPORTED", "CUDA_ERROR")
+
+
+# ------------------------------------ state in and out, groups (0.3) ----
+
+def test_write_state_and_step_count_resume():
+    """An optimizer given another's parameters, moments and step count steps
+    on bit for bit as the original."""
+    params, grads = make_tensors(21)
+    cfg = dict(kind="adamw", lr=1e-2, betas=(0.9, 0.99), weight_decay=0.05)
+    a = mtopt.from_numpy(params, grads, **cfg)
+    stream = grad_stream(21, params, steps=40)
+    for _ in range(20):
+        for g, new in zip(grads, next(stream)):
+            g[...] = new
+        a.step()
+    twins = [p.copy() for p in params]
+    tgrads = [np.zeros_like(p) for p in params]
+    b = mtopt.from_numpy(twins, tgrads, **cfg)
+    for i in range(len(params)):
+        assert b.has_state(i, "exp_avg") and not b.has_state(i, "momentum")
+        for which in ("exp_avg", "exp_avg_sq"):
+            b.write_state(i, which, a.read_state(i, which))
+            np.testing.assert_array_equal(b.read_state(i, which), a.read_state(i, which))
+    b.set_step_count(20)
+    for gs in stream:
+        for g, tg, new in zip(grads, tgrads, gs):
+            g[...] = new
+            tg[...] = new
+        a.step()
+        b.step()
+    assert b.step_info().step == 40
+    for p, t in zip(params, twins):
+        np.testing.assert_array_equal(p, t)
+
+
+def test_write_state_refusals_change_nothing():
+    params, grads = make_tensors(22)
+    opt = mtopt.from_numpy(params, grads, kind="adam")
+    for g, new in zip(grads, next(grad_stream(22, params))):
+        g[...] = new
+    opt.step()
+    v = opt.read_state(1, "exp_avg_sq")
+    bad_values = [np.where(np.arange(v.size) == 3, np.nan, v), -v - 1.0]
+    for bad in bad_values:
+        with pytest.raises(mtopt.MtoptError) as e:
+            opt.write_state(1, "exp_avg_sq", bad)
+        assert e.value.name == "INVALID_ARGUMENT"
+        np.testing.assert_array_equal(opt.read_state(1, "exp_avg_sq"), v)
+    with pytest.raises(ValueError, match="values for tensor"):
+        opt.write_state(1, "exp_avg", v[:-1])
+    with pytest.raises(mtopt.MtoptError, match="INVALID_ARGUMENT"):
+        opt.write_state(1, "momentum", v)  # Adam keeps no momentum buffer
+    with pytest.raises(mtopt.MtoptError, match="INVALID_ARGUMENT"):
+        opt.set_step_count(-1)
+
+
+def test_set_group_multipliers_between_steps():
+    """lr = weight_decay = 1 in the config and each group's own values as its
+    multipliers, changed between steps: SGD against the float64 reference
+    with each group's values."""
+    params, grads = make_tensors(23)
+    ctx = mtopt.Context("cpu")
+    tl = mtopt.TensorList(ctx)
+    for i, (p, g) in enumerate(zip(params, grads)):
+        tl.add(p, g, group=i % 2)
+    opt = mtopt.Optimizer(ctx, tl, kind="sgd", lr=1.0, weight_decay=1.0, momentum=0.9)
+    refs = [RefSGD(params[k::2], 0.0, 0.9, 0.0, 0.0, False) for k in (0, 1)]
+    for step, gs in enumerate(grad_stream(23, params, steps=30)):
+        values = [(0.01 * (1 + step % 3), 1e-3), (0.002, 0.0 if step < 15 else 0.1)]
+        for k, (lr, wd) in enumerate(values):
+            opt.set_group(k, lr, wd)
+            assert opt.get_group(k) == (np.float32(lr), np.float32(wd))
+            refs[k].lr, refs[k].wd = lr, wd
+        for g, new in zip(grads, gs):
+            g[...] = new
+        opt.step()
+        for k in (0, 1):
+            refs[k].step(gs[k::2])
+    for k in (0, 1):
+        for p, r in zip(params[k::2], refs[k].p):
+            np.testing.assert_allclose(p, r, rtol=RTOL, atol=ATOL)
+    with pytest.raises(mtopt.MtoptError, match="INVALID_ARGUMENT"):
+        opt.set_group(64, 1.0, 1.0)
+    with pytest.raises(mtopt.MtoptError, match="INVALID_ARGUMENT"):
+        opt.set_group(0, -1.0, 1.0)
+
+
+def test_import_needs_no_torch():
+    """`import mtopt` works where torch cannot be imported (CI has none);
+    only mtopt.torch needs it."""
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.modules['torch'] = None\n"
+            "import mtopt\n"
+            "assert sys.modules['torch'] is None\n"
+            "try:\n"
+            "    import mtopt.torch\n"
+            "except ImportError:\n"
+            "    print('ok')\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env=dict(os.environ), timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
