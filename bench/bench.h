@@ -1,8 +1,15 @@
 /* Internal header of mtopt_bench (step_bench.c): the options, the result
  * rows, the modes and the backend the benchmark runs on.
  *
- *   step_bench.c    options, main: the loop over shapes, rounds and modes
- *   bench_modes.c   one function per mode (flat, fused, loop, ...), the check
+ *   step_bench.c    options, main: the loop over shapes, rounds and modes,
+ *                   the copy rows and each row's floor
+ *   bench_modes.c   one function per mode (one-tensor, fused, loop, ...), the
+ *                   check
+ *   bench_ref.c     the ref-adamw and copy modes (measured against, not the
+ *                   library)
+ *   ref_adamw.h     the reference AdamW written from scratch: its element
+ *                   formula (CPU and CUDA), the CPU loop; ref_adamw.cu the
+ *                   CUDA kernel
  *   bench_mem.c     patterns, layouts, fills, hashing, timing, sample pools
  *   bench_report.c  figures of a row, text, CSV and JSON output
  *   bench_cpu.c     the CPU backend (bench_backend_cpu)
@@ -18,27 +25,35 @@
 #include <stdio.h>
 
 #include "mtopt/mtopt.h"
+#include "ref_adamw.h"
 #include "shapes.h"
 
 /* Values come from two fixed random patterns (weights, gradients) of an odd
  * length, read as one stream over the tensors in registration order, so that
- * every layout (pooled, flat) holds the same values per tensor: that is what
+ * every layout (pooled, back to back) holds the same values per tensor: that is what
  * makes the bit-for-bit check between modes possible. */
 #define PATTERN_N ((int64_t)(1 << 22) + 15)
 
-/* The modes, in the order they run for each shape (flat first, so every
- * later row can print its fraction of the floor). */
+/* The modes, in the order they run for each shape: one-tensor first (the
+ * reference of the bit-for-bit check), copy last: it makes one row for each
+ * bytes-per-parameter figure of the rows before it, and every row's floor is
+ * the copy row of its own bytes. */
 enum {
-  M_FLAT,
+  M_ONE_TENSOR,
   M_FUSED,
   M_LOOP,
   M_MIXED,
   M_GRAPH,
   M_GRAPH_MIXED,
-  M_MEMCPY,
+  M_REF_ADAMW,
+  M_COPY,
   M_COUNT
 };
 const char *bench_mode_name(int mode); /* as --modes spells it */
+/* Most copy rows of one shape (distinct B/param figures among its rows), and
+ * most ways a backend copies. */
+#define MAX_COPY_ROWS M_COUNT
+#define MAX_COPY_VARIANTS 4
 
 /* A dtype configuration (--dtype): the dtypes of each tensor and the
  * optimizer's master weights, state dtype and rounding. */
@@ -67,7 +82,7 @@ typedef struct {
   char **shapes;
   int nshapes;
   mtopt_optimizer_kind_t kind;
-  int iters, warmup, loop_iters, check, graph, repeat;
+  int iters, warmup, loop_iters, check, graph, repeat, print_shapes;
   int modes[M_COUNT];
   const char *json, *csv;
   int64_t chunk_size;
@@ -78,7 +93,12 @@ typedef struct {
   const char *mode;
   int64_t tensors, params, launches;
   int bpp, iters, k;
-  double ms, host_us, gbps, frac;
+  double ms, host_us, gbps;
+  double floor_ms; /* the copy row of the same bpp, shape and run (NAN if none) */
+  double frac;     /* floor_ms / ms */
+  int copy;        /* a copy row: its fastest variant so far, and that one's name */
+  int variant;
+  const char *variant_name;
   const char *check; /* "ok", "ref", "FAIL", "-" */
   int64_t skipped;   /* mixed modes: steps skipped (must be 0) */
   int ok;
@@ -86,6 +106,10 @@ typedef struct {
   /* Samples pooled over --repeat rounds; ms and host_us are their medians. */
   double *samples, *host_samples;
   int nsamples, nhost;
+  /* Copy rows: the samples of each variant, pooled over rounds; samples is
+   * a copy of the fastest one's. */
+  double *vsamples[MAX_COPY_VARIANTS];
+  int nvsamples[MAX_COPY_VARIANTS];
 } row_t;
 
 #define NOTE(row, ...) snprintf((row)->note, sizeof (row)->note, __VA_ARGS__)
@@ -108,6 +132,9 @@ typedef struct {
   uint16_t *pat16[2]; /* the same, rounded to bf16 */
   int nthreads;  /* effective CPU threads */
   void *dev;     /* the backend's own state (CUDA: stream, patterns, staging) */
+  int ref_valid; /* ref-adamw checked against the double reference: 0 not yet,
+                  * 1 passed, -1 failed (ref_note says how) */
+  char ref_note[256];
 } bench_t;
 
 /* What one timed step does: a mode's step function and what it works on. */
@@ -116,8 +143,10 @@ struct stepper {
   int (*step)(bench_t *b, stepper_t *sp, row_t *row);
   mtopt_optimizer_t **opts;
   int64_t nopt;
-  void *src, *dst; /* memcpy */
+  void *src, *dst; /* copy: bytes from src to dst (the backend's variant) */
   size_t bytes;
+  int variant;
+  ref_adamw_t ref; /* ref-adamw */
   void *graph; /* graph modes: the backend's captured step */
 };
 
@@ -143,10 +172,22 @@ struct bench_backend {
    * of esize[t]-byte elements at byte slot * L->off[t]. */
   int (*hash)(bench_t *b, const void *buf, const bench_shape_t *s, const layout_t *L,
               const uint8_t *esize, int slot, uint64_t *out, row_t *row);
+  /* Copies bytes from the backend's memory to the host, waiting for it;
+   * zero clears bytes of the backend's memory, maybe queued. */
+  int (*get)(bench_t *b, void *host, const void *src, size_t bytes, row_t *row);
+  int (*zero)(bench_t *b, void *p, size_t bytes, row_t *row);
   int (*sync)(bench_t *b, row_t *row);
-  /* memcpy mode: fill the two buffers, then copy src to dst once a step. */
+  /* copy mode: ways to move sp->bytes (ncopy <= MAX_COPY_VARIANTS of them,
+   * named; the row keeps the fastest, so that the floor is the best this
+   * memory does); prepare
+   * writes both buffers (the CPU: each page by the thread that copies it),
+   * step runs variant sp->variant once. */
+  int ncopy;
+  const char *const *copy_names;
   int (*copy_prepare)(bench_t *b, stepper_t *sp, row_t *row);
   int (*copy_step)(bench_t *b, stepper_t *sp, row_t *row);
+  /* ref-adamw mode: one step of the reference AdamW over sp->ref, queued. */
+  int (*ref_step)(bench_t *b, ref_adamw_t *r, row_t *row);
   /* iters timed samples of sp's step into row->samples (ms, pooled) and
    * row->k; x is scratch room for iters values. */
   int (*time)(bench_t *b, stepper_t *sp, int iters, double *x, row_t *row);
@@ -167,13 +208,19 @@ extern const bench_backend_t bench_backend_cuda; /* only in CUDA builds */
 typedef struct {
   uint64_t *hash;   /* reference per-tensor hashes */
   const char *from; /* the mode that produced them, or NULL */
-  int bpp;          /* bytes per param of the plain step, for memcpy */
+  int copy_bpp;     /* the bytes per param the next copy row moves */
 } shape_state_t;
 
 /* bench_modes.c: one round of one mode: allocate, fill, build, (round 0:
  * check), time, free. Later rounds add samples to the same row. */
 void bench_run_mode(bench_t *b, const bench_shape_t *s, int mode, shape_state_t *ss,
                     row_t *row, int round);
+
+/* bench_ref.c: the ref-adamw and copy modes (bench_run_mode calls them). */
+void bench_run_ref_adamw(bench_t *b, const bench_shape_t *s, shape_state_t *ss, row_t *row,
+                         int round);
+void bench_run_copy(bench_t *b, const bench_shape_t *s, shape_state_t *ss, row_t *row,
+                    int round);
 
 /* bench_mem.c */
 double bench_now_s(void);
@@ -196,7 +243,8 @@ typedef struct {
 
 void bench_meta_start(const bench_t *b, meta_t *m);
 void bench_meta_end(meta_t *m);
-void bench_row_finish(row_t *row, double flat_ms);
+void bench_row_finish(row_t *row);
+void bench_row_set_floor(row_t *row, double floor_ms);
 void bench_print_header(const opts_t *o, const meta_t *m, int nthreads);
 void bench_print_row(const row_t *r);
 void bench_print_footer(const meta_t *m, int nrows, int failures);

@@ -1,7 +1,7 @@
 /* mtopt_bench's CUDA backend: device memory, one non-blocking stream set on
- * the context, cudaEvent timing, a device-to-device cudaMemcpy as the
- * ceiling, and CUDA-graph capture of one step. Built only with CUDA
- * (bench/CMakeLists.txt). */
+ * the context, cudaEvent timing, a device-to-device cudaMemcpyAsync as the
+ * floor, the reference AdamW kernel (ref_adamw.cu), and CUDA-graph capture
+ * of one step. Built only with CUDA (bench/CMakeLists.txt). */
 #define _GNU_SOURCE
 #include <math.h>
 #include <stdlib.h>
@@ -165,7 +165,38 @@ static int cuda_hash(bench_t *b, const void *buf, const bench_shape_t *s, const 
   return 0;
 }
 
-/* ---------------------------------------------------------------- memcpy -- */
+static int cuda_get(bench_t *b, void *host, const void *src, size_t bytes, row_t *row) {
+  const cuda_state_t *c = b->dev;
+  cudaError_t e = cudaMemcpyAsync(host, src, bytes, cudaMemcpyDeviceToHost, c->stream);
+  if (e == cudaSuccess) e = cudaStreamSynchronize(c->stream);
+  if (e != cudaSuccess) {
+    NOTE(row, "copying to the host: %s", cudaGetErrorString(e));
+    return -1;
+  }
+  return 0;
+}
+
+static int cuda_zero(bench_t *b, void *p, size_t bytes, row_t *row) {
+  const cuda_state_t *c = b->dev;
+  const cudaError_t e = cudaMemsetAsync(p, 0, bytes, c->stream);
+  if (e != cudaSuccess) {
+    NOTE(row, "cudaMemsetAsync: %s", cudaGetErrorString(e));
+    return -1;
+  }
+  return 0;
+}
+
+static int cuda_ref_step(bench_t *b, ref_adamw_t *r, row_t *row) {
+  const cuda_state_t *c = b->dev;
+  const cudaError_t e = (cudaError_t)ref_adamw_cuda_step(r, c->stream);
+  if (e != cudaSuccess) {
+    NOTE(row, "ref-adamw kernel: %s", cudaGetErrorString(e));
+    return -1;
+  }
+  return 0;
+}
+
+/* ------------------------------------------------------------------ copy -- */
 
 /* cudaMemset runs on the legacy stream, which a non-blocking stream does not
  * wait for: finish it before the copies start. */
@@ -178,6 +209,8 @@ static int cuda_copy_prepare(bench_t *b, stepper_t *sp, row_t *row) {
   }
   return 0;
 }
+
+static const char *const cuda_copy_names[] = {"cudaMemcpyAsync-d2d"};
 
 static int cuda_copy_step(bench_t *b, stepper_t *sp, row_t *row) {
   const cuda_state_t *c = b->dev;
@@ -351,9 +384,14 @@ const bench_backend_t bench_backend_cuda = {
     .put = cuda_put,
     .fill_wait = cuda_fill_wait,
     .hash = cuda_hash,
+    .get = cuda_get,
+    .zero = cuda_zero,
     .sync = cuda_sync,
+    .ncopy = 1,
+    .copy_names = cuda_copy_names,
     .copy_prepare = cuda_copy_prepare,
     .copy_step = cuda_copy_step,
+    .ref_step = cuda_ref_step,
     .time = cuda_time,
     .graph_capture = cuda_graph_capture,
     .graph_launch = cuda_graph_launch,

@@ -1,5 +1,6 @@
 /* mtopt_bench's modes, one function each (step_bench.c's header comment says
- * what each measures), and the bit-for-bit check between them. */
+ * what each measures), and the bit-for-bit check between them; the two that
+ * do not run the library (ref-adamw, copy) are in bench_ref.c. */
 #define _GNU_SOURCE
 #include <math.h>
 #include <stdlib.h>
@@ -32,10 +33,6 @@ static int step_optimizers(bench_t *b, stepper_t *sp, row_t *row) {
 
 static int step_graph(bench_t *b, stepper_t *sp, row_t *row) {
   return b->be->graph_launch(b, sp->graph, row);
-}
-
-static int step_copy(bench_t *b, stepper_t *sp, row_t *row) {
-  return b->be->copy_step(b, sp, row);
 }
 
 /* ------------------------------------------------------- dtype configs -- */
@@ -201,7 +198,6 @@ static int run_build(bench_t *b, run_t *r, const bench_shape_t *v, const layout_
   }
   row->bpp = info.bytes_per_param;
   row->launches = (int64_t)info.launches_per_step * r->nopt;
-  if (!mixed) ss->bpp = info.bytes_per_param;
   return 0;
 }
 
@@ -273,11 +269,11 @@ static int run_check_skipped(bench_t *b, run_t *r, row_t *row) {
 
 /* ---------------------------------------------------------------- modes -- */
 
-/* flat: one optimizer over one tensor of the total element count, back to
- * back in one buffer. LAMB's trust ratio is per tensor and stochastic
- * rounding keys its bits on the tensor, so flat computes other values there:
+/* one-tensor: one optimizer over one tensor of the total element count, back
+ * to back in one buffer. LAMB's trust ratio is per tensor and stochastic
+ * rounding keys its bits on the tensor, so it computes other values there:
  * no check. */
-static void run_flat(bench_t *b, const bench_mode_t *m, const bench_shape_t *s,
+static void run_one_tensor(bench_t *b, const bench_mode_t *m, const bench_shape_t *s,
                      shape_state_t *ss, row_t *row, int round) {
   int64_t n1 = s->total, off0 = 0;
   const bench_shape_t one = {.n = 1, .numel = &n1, .total = s->total};
@@ -354,37 +350,25 @@ done:
   run_free(b, &r);
 }
 
-/* memcpy: a copy that reads and writes bpp/2 bytes per parameter, the plain
- * step's traffic (its bytes per parameter from mtopt_optimizer_get_info in
- * an earlier mode of the shape; AdamW's 28 when none ran). */
-static void run_memcpy(bench_t *b, const bench_mode_t *m, const bench_shape_t *s,
-                       shape_state_t *ss, row_t *row, int round) {
-  const int bpp = ss->bpp ? ss->bpp : 28;
-  stepper_t sp = {.step = step_copy};
-  sp.bytes = (size_t)s->total * (size_t)bpp / 2;
-  const int64_t nf = (int64_t)((sp.bytes + 3) / 4);
-  sp.src = bench_alloc(b, nf, row);
-  if (sp.src) sp.dst = bench_alloc(b, nf, row);
-  if (!sp.dst) goto done;
-  if (b->be->copy_prepare(b, &sp, row)) goto done;
-  row->bpp = bpp;
-  row->launches = 1;
-  row->check = "-";
-  if (bench_time_steps(b, &sp, b->o->warmup, b->o->iters, row)) goto done;
-  row->ok = 1;
-done:
-  bench_free(b, sp.src);
-  bench_free(b, sp.dst);
+static void run_ref(bench_t *b, const bench_mode_t *m, const bench_shape_t *s,
+                    shape_state_t *ss, row_t *row, int round) {
+  bench_run_ref_adamw(b, s, ss, row, round);
+}
+
+static void run_copy(bench_t *b, const bench_mode_t *m, const bench_shape_t *s,
+                     shape_state_t *ss, row_t *row, int round) {
+  bench_run_copy(b, s, ss, row, round);
 }
 
 static const bench_mode_t modes[M_COUNT] = {
-    [M_FLAT] = {"flat", run_flat},
+    [M_ONE_TENSOR] = {"one-tensor", run_one_tensor},
     [M_FUSED] = {"fused", run_pooled},
     [M_LOOP] = {"loop", run_loop},
     [M_MIXED] = {"mixed", run_pooled, .mixed = 1},
     [M_GRAPH] = {"graph", run_pooled, .graph = 1},
     [M_GRAPH_MIXED] = {"graph-mixed", run_pooled, .mixed = 1, .graph = 1},
-    [M_MEMCPY] = {"memcpy", run_memcpy},
+    [M_REF_ADAMW] = {"ref-adamw", run_ref},
+    [M_COPY] = {"copy", run_copy},
 };
 
 const char *bench_mode_name(int mode) { return modes[mode].name; }
@@ -397,7 +381,7 @@ void bench_run_mode(bench_t *b, const bench_shape_t *s, int mode, shape_state_t 
     row->mode = modes[mode].name;
     row->tensors = s->n;
     row->params = s->total;
-    row->ms = row->host_us = row->gbps = row->frac = NAN;
+    row->ms = row->host_us = row->gbps = row->floor_ms = row->frac = NAN;
     row->check = "-";
     row->skipped = -1;
     row->launches = -1;

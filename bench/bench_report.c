@@ -18,14 +18,19 @@
 
 /* ------------------------------------------------------------- figures -- */
 
-/* Medians of the pooled samples, bandwidth and the fraction of the floor. */
-void bench_row_finish(row_t *row, double flat_ms) {
+/* Medians of the pooled samples and bandwidth. */
+void bench_row_finish(row_t *row) {
   if (!row->ok) return;
   row->ms = bench_median(row->samples, row->nsamples);
   row->host_us = row->nhost ? bench_median(row->host_samples, row->nhost) : NAN;
   row->iters = row->nsamples; /* samples behind the median, all rounds */
   row->gbps = (double)row->params * row->bpp / (row->ms * 1e-3) / 1e9;
-  row->frac = flat_ms > 0 ? flat_ms / row->ms : NAN;
+}
+
+/* The floor: the copy of the row's own bytes, in the same run. */
+void bench_row_set_floor(row_t *row, double floor_ms) {
+  row->floor_ms = floor_ms;
+  row->frac = row->ok && floor_ms > 0 ? floor_ms / row->ms : NAN;
 }
 
 /* ---------------------------------------------------------------- meta -- */
@@ -98,17 +103,20 @@ void bench_print_header(const opts_t *o, const meta_t *m, int nthreads) {
          "#           each state buffer, write w and each state buffer (AdamW: 16 + 12 = 28),\n"
          "#           +4 for the statistics pass that reads g again (mixed: 32)\n"
          "# GB/s      params x B/param / time (1 GB = 1e9 B): effective bandwidth\n"
-         "# floor     flat ms / this ms: the fraction of the flat single-buffer step's speed\n"
-         "#           (1.00 = as fast as one contiguous buffer)\n"
+         "# floor     copy ms / this ms, copy = the copy row of this row's B/param, same\n"
+         "#           shape, same run (1.00 = as fast as the memory moves these bytes)\n"
+         "# copy      a copy of params x B/param / 2 bytes (reads and writes as much as a\n"
+         "#           step): CUDA cudaMemcpyAsync device to device; CPU the fastest of the\n"
+         "#           threaded copies in its note (each timed every round; lowest median)\n"
+         "# ref-adamw a plain fp32 AdamW kernel written outside the library (bench/ref_adamw.h),\n"
+         "#           one buffer of the total size; checked against a double step first\n"
          "# host_us   CUDA: median host time to return from one step call (the whole loop\n"
          "#           for the loop mode; cudaGraphLaunch for graph modes), stream idle\n"
-         "# memcpy    a copy of params x B/param / 2 bytes (reads and writes as much as the\n"
-         "#           step): the memory system's ceiling\n"
          "# samps     timed samples behind the median (iters x repeat; loop mode capped)\n"
          "# check     ref/ok: weights after one step equal bit for bit those of the reference\n"
          "#           mode; mixed modes: ok = no step was skipped\n"
          "#\n");
-  printf("%-12s %-12s %8s %12s %10s %9s %7s %9s %6s %9s %6s %5s\n", "shape", "mode",
+  printf("%-13s %-12s %8s %12s %10s %9s %7s %9s %6s %9s %6s %5s\n", "shape", "mode",
          "tensors", "params", "ms/step", "launches", "B/param", "GB/s", "floor", "host_us",
          "samps", "check");
   fflush(stdout);
@@ -116,7 +124,7 @@ void bench_print_header(const opts_t *o, const meta_t *m, int nthreads) {
 
 void bench_print_row(const row_t *r) {
   if (!r->ok) {
-    printf("%-12s %-12s %8lld %12lld   FAILED: %s\n", r->shape, r->mode, (long long)r->tensors,
+    printf("%-13s %-12s %8lld %12lld   FAILED: %s\n", r->shape, r->mode, (long long)r->tensors,
            (long long)r->params, r->note);
     fflush(stdout);
     return;
@@ -125,7 +133,7 @@ void bench_print_row(const row_t *r) {
   if (isfinite(r->frac)) snprintf(fr, sizeof fr, "%.3f", r->frac);
   if (isfinite(r->host_us)) snprintf(hu, sizeof hu, "%.1f", r->host_us);
   if (r->launches >= 0) snprintf(la, sizeof la, "%lld", (long long)r->launches);
-  printf("%-12s %-12s %8lld %12lld %10.4f %9s %7d %9.2f %6s %9s %6d %5s%s%s\n", r->shape,
+  printf("%-13s %-12s %8lld %12lld %10.4f %9s %7d %9.2f %6s %9s %6d %5s%s%s\n", r->shape,
          r->mode, (long long)r->tensors, (long long)r->params, r->ms, la, r->bpp, r->gbps, fr,
          hu, r->iters, r->check, r->note[0] ? "  # " : "", r->note);
   fflush(stdout);
@@ -145,12 +153,13 @@ int bench_write_csv(const opts_t *o, const row_t *rows, int nrows) {
     return -1;
   }
   fprintf(f, "shape,mode,tensors,params,ms,launches_per_step,bytes_per_param,gbps,"
-             "frac_of_flat,host_us,iters,steps_per_sample,check,ok\n");
+             "floor_ms,frac_of_floor,copy_variant,host_us,iters,steps_per_sample,check,ok\n");
   for (int i = 0; i < nrows; i++) {
     const row_t *r = &rows[i];
-    fprintf(f, "%s,%s,%lld,%lld,%.6g,%lld,%d,%.6g,%.4f,%.4g,%d,%d,%s,%d\n", r->shape, r->mode,
-            (long long)r->tensors, (long long)r->params, r->ms, (long long)r->launches, r->bpp,
-            r->gbps, r->frac, r->host_us, r->iters, r->k, r->check, r->ok);
+    fprintf(f, "%s,%s,%lld,%lld,%.6g,%lld,%d,%.6g,%.6g,%.4f,%s,%.4g,%d,%d,%s,%d\n", r->shape,
+            r->mode, (long long)r->tensors, (long long)r->params, r->ms, (long long)r->launches,
+            r->bpp, r->gbps, r->floor_ms, r->frac, r->variant_name ? r->variant_name : "",
+            r->host_us, r->iters, r->k, r->check, r->ok);
   }
   return fclose(f) ? -1 : 0;
 }
@@ -201,7 +210,8 @@ static void json_meta(FILE *f, const opts_t *o, const meta_t *m, int nthreads) {
   fprintf(f,
           ", \"threads\": %d, \"optimizer\": \"%s\", \"dtype\": \"%s\", \"iters\": %d, "
           "\"warmup\": %d, \"check\": %d, \"graph\": %d, \"repeat\": %d, "
-          "\"chunk_size\": %lld},\n",
+          "\"chunk_size\": %lld, \"floor\": \"copy ms / ms: the copy row of the row's "
+          "bytes_per_param (params x B/param / 2 bytes), same shape, same run\"},\n",
           nthreads, kind_name(o->kind), o->prec->name, o->iters, o->warmup, o->check, o->graph,
           o->repeat, (long long)o->chunk_size);
 }
@@ -217,8 +227,15 @@ static void json_row(FILE *f, const row_t *r) {
   json_count(f, r->launches);
   fprintf(f, ", \"bytes_per_param\": %d, \"gbps\": ", r->bpp);
   json_num(f, r->gbps, "%.6g");
-  fprintf(f, ", \"frac_of_flat\": ");
+  fprintf(f, ", \"floor_ms\": ");
+  json_num(f, r->floor_ms, "%.6g");
+  fprintf(f, ", \"frac_of_floor\": ");
   json_num(f, r->frac, "%.4f");
+  fprintf(f, ", \"copy_variant\": ");
+  if (r->variant_name)
+    json_str(f, r->variant_name);
+  else
+    fputs("null", f);
   fprintf(f, ", \"host_us\": ");
   json_num(f, r->host_us, "%.4g");
   fprintf(f, ", \"iters\": %d, \"steps_per_sample\": %d, \"check\": \"%s\", \"skipped\": ",

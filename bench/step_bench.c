@@ -5,8 +5,8 @@
  *
  * Modes, all on the same shapes in one run, each with its own allocations
  * (freed before the next mode, so the peak is one mode's memory):
- *   flat         one optimizer over one tensor of the total element count: one
- *                contiguous buffer, the floor a fused step can reach
+ *   one-tensor   one optimizer over one tensor of the total element count: the
+ *                library's kernel on one contiguous buffer
  *   fused        one optimizer over all tensors, one mtopt_optimizer_step
  *   loop         one optimizer per tensor, one step call per tensor: how users
  *                step a model with a per-tensor kernel today
@@ -14,19 +14,27 @@
  *                clipping (max_grad_norm 1), then the update
  *   graph        CUDA: one fused step captured in a CUDA graph, graph replays
  *   graph-mixed  CUDA: the mixed step captured the same way
- *   memcpy       the reference ceiling: a copy that moves the same bytes per
- *                parameter as the step (device-to-device cudaMemcpy on CUDA,
- *                a threaded memcpy on the CPU)
+ *   ref-adamw    a reference fp32 AdamW written from scratch (ref_adamw.h, not
+ *                the library's code) over one buffer of the total size, checked
+ *                against a double step first: the floor is reachable
+ *   copy         the floor: a copy of params x B/param / 2 bytes (it reads and
+ *                writes as much as a step), one row for each B/param of the
+ *                rows before it; cudaMemcpyAsync device to device on CUDA, the
+ *                fastest of several threaded copies on the CPU (bench_cpu.c)
+ *
+ * Each row's "floor" is time(copy of its own B/param, same shape, same run)
+ * / time(row): 1.00 = as fast as the memory moves those bytes.
  *
  * With --check 1 (default), before timing, every mode that computes the plain
- * step (flat, fused, loop, graph) applies one step from the same random start
- * and its weights must equal, bit for bit, those of the first such mode
- * (flat's for AdamW/Adam/SGD, where one buffer computes the same elements; for
- * LAMB, whose trust ratio is per tensor, the reference is fused). The mixed
- * modes must not skip a step.
+ * step (one-tensor, fused, loop, graph) applies one step from the same random
+ * start and its weights must equal, bit for bit, those of the first such mode
+ * (one-tensor's for AdamW/Adam/SGD, where one buffer computes the same
+ * elements; for LAMB, whose trust ratio is per tensor, the reference is
+ * fused). The mixed modes must not skip a step.
  *
  * This file holds the options and main (the loop over shapes, rounds and
- * modes); bench.h says where the rest lives.
+ * modes, the copy rows and each row's floor); bench.h says where the rest
+ * lives.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -65,15 +73,21 @@ static void usage(FILE *f) {
   fprintf(f,
           "usage: mtopt_bench [options]\n"
           "  --backend cpu|cuda      (default cpu)\n"
-          "  --shapes LIST           gpt2, gpt2-xl, llama-1.1b, many-4096, many-mixed,\n"
-          "                          file:PATH; comma list or repeated (default: cpu\n"
-          "                          gpt2,many-4096; cuda all five)\n"
+          "  --shapes LIST           comma list or repeated, of:\n"
+          "                         ");
+  for (int i = 0; i < bench_shape_count(); i++) fprintf(f, " %s", bench_shape_name(i));
+  fprintf(f,
+          " file:PATH\n"
+          "                          (default: cpu gpt2,many-4096; cuda all built-in)\n"
+          "  --print-shapes          print each shape (--shapes, default all built-in):\n"
+          "                          name, tensors, params, hash, ...; then exit\n"
           "  --optimizer adamw|adam|sgd|lamb   (default adamw)\n"
           "  --dtype NAME            f32 (default), bf16-master, bf16-remainder,\n"
           "                          bf16-nearest, bf16-sr, bf16-all, bf16-all-sr,\n"
           "                          f32-bf16grad, mixed-table (docs/benchmarks.md)\n"
-          "  --modes LIST            fused,loop,flat,mixed,graph,memcpy (default all;\n"
-          "                          graph = graph and graph-mixed, CUDA only)\n"
+          "  --modes LIST            one-tensor,fused,loop,mixed,graph,ref-adamw,copy\n"
+          "                          (default all; graph = graph and graph-mixed, CUDA\n"
+          "                          only; ref-adamw by default only for fp32 AdamW)\n"
           "  --iters N               timed steps (default 20)\n"
           "  --warmup N              untimed steps first (default 5 cuda, 3 cpu)\n"
           "  --loop-iters N          cap for the loop mode (default: 3 above 10000 tensors)\n"
@@ -150,7 +164,7 @@ static int parse_modes(const char *arg, opts_t *o) {
 }
 
 enum { O_BACKEND = 256, O_SHAPES, O_OPT, O_DTYPE, O_ITERS, O_WARMUP, O_CHECK, O_GRAPH, O_JSON,
-       O_CSV, O_THREADS, O_MODES, O_LOOPITERS, O_DEVICE, O_CHUNK, O_REPEAT, O_HELP };
+       O_CSV, O_THREADS, O_MODES, O_LOOPITERS, O_DEVICE, O_CHUNK, O_REPEAT, O_PRINT, O_HELP };
 
 static const struct option longopts[] = {
     {"backend", required_argument, 0, O_BACKEND}, {"shapes", required_argument, 0, O_SHAPES},
@@ -164,6 +178,7 @@ static const struct option longopts[] = {
     {"device", required_argument, 0, O_DEVICE},
     {"chunk-size", required_argument, 0, O_CHUNK},
     {"repeat", required_argument, 0, O_REPEAT},
+    {"print-shapes", no_argument, 0, O_PRINT},
     {"help", no_argument, 0, O_HELP},             {0, 0, 0, 0}};
 
 /* One option; 0, or -1 where its argument is bad. */
@@ -194,6 +209,7 @@ static int parse_opt(int c, const char *arg, opts_t *o, int *modes_given) {
   case O_JSON: o->json = arg; return 0;
   case O_CSV: o->csv = arg; return 0;
   case O_MODES: *modes_given = 1; return parse_modes(arg, o);
+  case O_PRINT: o->print_shapes = 1; return 0;
   default: return -1;
   }
 }
@@ -216,11 +232,19 @@ static int parse_args(int argc, char **argv, opts_t *o) {
     return -1;
   }
   if (o->warmup < 0) o->warmup = o->cuda ? 5 : 3;
-  if (!modes_given)
+  if (!modes_given) {
     for (int m = 0; m < M_COUNT; m++) o->modes[m] = 1;
+    /* The reference is fp32 AdamW: beside another optimizer or dtype it
+     * would add rows (and a copy row of its own bytes) that compare nothing. */
+    if (o->kind != MTOPT_OPTIMIZER_ADAMW || strcmp(o->prec->name, "f32") != 0)
+      o->modes[M_REF_ADAMW] = 0;
+  }
   if (!o->cuda || !o->graph) o->modes[M_GRAPH] = o->modes[M_GRAPH_MIXED] = 0;
-  if (o->nshapes == 0)
-    add_shapes(o, o->cuda ? "gpt2,gpt2-xl,llama-1.1b,many-4096,many-mixed" : "gpt2,many-4096");
+  if (o->nshapes == 0 && (o->cuda || o->print_shapes)) {
+    for (int i = 0; i < bench_shape_count(); i++) add_shapes(o, bench_shape_name(i));
+  } else if (o->nshapes == 0) {
+    add_shapes(o, "gpt2,many-4096");
+  }
   return 0;
 }
 
@@ -261,9 +285,33 @@ static void bench_close(bench_t *b) {
   b->be->teardown(b);
 }
 
-/* Every round of every chosen mode on one shape, then its rows printed;
- * the rows go to rows[*nrows...]. -1 when out of memory, else the rows
- * (or the shape) that failed. */
+/* The distinct bytes-per-parameter figures of n rows, in order: one copy row
+ * each. None (only copy asked for): AdamW fp32's 28. */
+static int copy_bpps(const row_t *rows, int n, int *bpp) {
+  int k = 0;
+  for (int r = 0; r < n; r++) {
+    int seen = rows[r].bpp <= 0;
+    for (int i = 0; i < k && !seen; i++) seen = bpp[i] == rows[r].bpp;
+    if (!seen && k < MAX_COPY_ROWS) bpp[k++] = rows[r].bpp;
+  }
+  if (k == 0) bpp[k++] = REF_ADAMW_BYTES_PER_PARAM;
+  return k;
+}
+
+/* Medians, then each row's floor: the copy row of the same bytes. */
+static void finish_rows(row_t *rows, int n) {
+  for (int r = 0; r < n; r++) bench_row_finish(&rows[r]);
+  for (int r = 0; r < n; r++) {
+    double floor_ms = NAN;
+    for (int c = 0; c < n; c++)
+      if (rows[c].copy && rows[c].ok && rows[c].bpp == rows[r].bpp) floor_ms = rows[c].ms;
+    bench_row_set_floor(&rows[r], floor_ms);
+  }
+}
+
+/* Every round of every chosen mode on one shape, the copy rows last, then
+ * the rows printed; the rows go to rows[*nrows...]. -1 when out of memory,
+ * else the rows (or the shape) that failed. */
 static int run_shape(bench_t *b, const char *name, row_t *rows, int *nrows) {
   const opts_t *o = b->o;
   bench_shape_t s;
@@ -281,26 +329,27 @@ static int run_shape(bench_t *b, const char *name, row_t *rows, int *nrows) {
   /* Rounds interleave the modes, so that drift on a shared machine spreads
    * over all of them instead of favouring one. */
   const int first = *nrows;
+  int bpp[MAX_COPY_ROWS], ncopy = 0;
   for (int round = 0; round < o->repeat; round++) {
     int r = first;
     for (int mode = 0; mode < M_COUNT; mode++) {
       if (!o->modes[mode]) continue;
-      bench_run_mode(b, &s, mode, &ss, &rows[r], round);
-      if (round == 0 && o->repeat > 1) {
-        fprintf(stderr, "# %s %s: round 1 of %d done%s%s\n", s.name, bench_mode_name(mode),
-                o->repeat, rows[r].ok ? "" : ", FAILED: ", rows[r].ok ? "" : rows[r].note);
+      if (mode == M_COPY && round == 0) ncopy = copy_bpps(rows + first, r - first, bpp);
+      for (int i = 0; i < (mode == M_COPY ? ncopy : 1); i++) {
+        ss.copy_bpp = mode == M_COPY ? bpp[i] : 0;
+        bench_run_mode(b, &s, mode, &ss, &rows[r], round);
+        if (round == 0 && o->repeat > 1) {
+          fprintf(stderr, "# %s %s: round 1 of %d done%s%s\n", s.name, bench_mode_name(mode),
+                  o->repeat, rows[r].ok ? "" : ", FAILED: ", rows[r].ok ? "" : rows[r].note);
+        }
+        r++;
       }
-      r++;
     }
     *nrows = r;
   }
-  double flat_ms = NAN;
-  for (int r = first; r < *nrows; r++)
-    if (rows[r].ok && strcmp(rows[r].mode, "flat") == 0)
-      flat_ms = bench_median(rows[r].samples, rows[r].nsamples);
+  finish_rows(rows + first, *nrows - first);
   int failures = 0;
   for (int r = first; r < *nrows; r++) {
-    bench_row_finish(&rows[r], flat_ms);
     bench_print_row(&rows[r]);
     if (!rows[r].ok) failures++;
   }
@@ -313,6 +362,11 @@ int main(int argc, char **argv) {
   opts_t o;
   const int pa = parse_args(argc, argv, &o);
   if (pa) return pa > 0 ? 0 : 2;
+  if (o.print_shapes) {
+    int bad = 0;
+    for (int i = 0; i < o.nshapes; i++) bad |= bench_shape_print(stdout, o.shapes[i]) != 0;
+    return bad ? 1 : 0;
+  }
   bench_t b = {.o = &o, .be = find_backend(o.cuda ? "cuda" : "cpu")};
   if (!b.be) {
     fprintf(stderr, "mtopt_bench: this build has no CUDA backend\n");
@@ -324,7 +378,7 @@ int main(int argc, char **argv) {
   bench_meta_start(&b, &m);
   bench_print_header(&o, &m, b.nthreads);
 
-  row_t *rows = calloc((size_t)o.nshapes * M_COUNT, sizeof *rows);
+  row_t *rows = calloc((size_t)o.nshapes * (M_COUNT + MAX_COPY_ROWS), sizeof *rows);
   int nrows = 0, failures = 0;
   if (!rows) return 1;
   for (int si = 0; si < o.nshapes; si++) {
@@ -342,6 +396,7 @@ int main(int argc, char **argv) {
   for (int i = 0; i < nrows; i++) {
     free(rows[i].samples);
     free(rows[i].host_samples);
+    for (int v = 0; v < MAX_COPY_VARIANTS; v++) free(rows[i].vsamples[v]);
   }
   for (int i = 0; i < o.nshapes; i++) free(o.shapes[i]);
   free(o.shapes);

@@ -3,8 +3,8 @@
 
 The baselines that bench/compare.py puts next to mtopt_bench's rows:
 
-  flat         torch.optim.AdamW(fused=True) over one tensor of the total
-               element count: PyTorch's own single-buffer floor
+  one-tensor   torch.optim.AdamW(fused=True) over one tensor of the total
+               element count: PyTorch's kernel on one contiguous buffer
   forloop      AdamW(foreach=False): one set of kernels per tensor
   foreach      AdamW(foreach=True): multi-tensor kernels, metadata per step
   fused        AdamW(fused=True)
@@ -24,13 +24,19 @@ bf16-all and bf16-master are their counterparts):
                       masters, copy the masters into the bf16 params: 28 B/param
   master-recipe-graph the same, captured in a CUDA graph
 
+After a shape's modes, one `copy` row for each bytes/param figure among
+them: dst.copy_(src) of params x B/param / 2 bytes (a device-to-device
+cudaMemcpyAsync, as mtopt_bench's copy). Every row's floor is that copy's
+time / the row's time, in the same run: the definition mtopt_bench uses.
+
 Same flags and columns as mtopt_bench (--shapes, --iters, --warmup, --json,
 ...). Timing: torch.cuda.Event pairs around K back-to-back steps (K > 1 only
 for steps under 0.25 ms), median over iters; host_us is the median host time
 to return from one step call with the stream idle. Weights and gradients are
 random and never zero. bytes/param uses mtopt's count (AdamW 28, the mixed
 step 32) so GB/s is comparable across implementations, not what PyTorch
-actually moves (it moves more).
+actually moves (it moves more). The shapes come from bench/shapes.py, the
+twin of mtopt_bench's shapes.c (--print-shapes prints them without a GPU).
 
 Run: python3 bench/torch_bench.py --json torch_bench.json
 """
@@ -46,94 +52,21 @@ import sys
 import time
 import traceback
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import shapes  # noqa: E402  (bench/shapes.py)
+
 try:
     import torch
 except ImportError:  # shapes and helpers stay importable without it
     torch = None
 
-MODES = ["flat", "forloop", "foreach", "fused", "fused-graph", "gradscaler"]
+MODES = ["one-tensor", "forloop", "foreach", "fused", "fused-graph", "gradscaler"]
 MIXED_MODES = ["bf16-fused", "bf16-fused-graph", "master-recipe", "master-recipe-graph"]
 BPP_MODE = {"gradscaler": 32, "bf16-fused": 14, "bf16-fused-graph": 14, "master-recipe": 28,
             "master-recipe-graph": 28}
-ALL_SHAPES = ["gpt2", "gpt2-xl", "llama-1.1b", "many-4096", "many-mixed"]
+ALL_SHAPES = list(shapes.SHAPES)
 BPP_ADAMW = 28  # read w, g, m, v; write w, m, v (fp32)
 DEVICE = "cuda"
-
-
-# ---------------------------------------------------------------- shapes --
-# The same lists as bench/shapes.c.
-
-def gpt2(d, layers):
-    vocab, ctx = 50257, 1024
-    out = [vocab * d, ctx * d]
-    for _ in range(layers):
-        out += [d, d, d * 3 * d, 3 * d, d * d, d, d, d, d * 4 * d, 4 * d, 4 * d * d, d]
-    out += [d, d]
-    return out
-
-
-def llama_1b():
-    vocab, d, inter, kv = 32000, 2048, 5632, 4 * 64
-    out = [vocab * d]
-    for _ in range(22):
-        out += [d * d, kv * d, kv * d, d * d, inter * d, inter * d, d * inter, d, d]
-    out += [d, vocab * d]
-    return out
-
-
-M64 = (1 << 64) - 1
-
-
-def splitmix(state):
-    state = (state + 0x9E3779B97F4A7C15) & M64
-    z = state
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & M64
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & M64
-    return state, z ^ (z >> 31)
-
-
-def many_mixed():
-    s = 0x6D746F7074  # "mtopt"
-    out = []
-    for _ in range(100000):
-        s, r1 = splitmix(s)
-        s, r2 = splitmix(s)
-        lo = 1 << (r1 % 13)
-        out.append(min(lo + r2 % lo, 4096))
-    return out
-
-
-def from_file(path):
-    out = []
-    with open(path) as f:
-        for lineno, line in enumerate(f, 1):
-            line = line.split("#", 1)[0].strip()
-            if not line:
-                continue
-            v = int(line)
-            if v <= 0:
-                raise ValueError(f"{path}:{lineno}: expected a positive element count")
-            out.append(v)
-    if not out:
-        raise ValueError(f"shape file {path} lists no tensors")
-    return out
-
-
-def shape_numels(name):
-    if name == "gpt2":
-        return gpt2(768, 12)
-    if name == "gpt2-xl":
-        return gpt2(1600, 48)
-    if name == "llama-1.1b":
-        return llama_1b()
-    if name == "many-4096":
-        return [4096] * 8192
-    if name == "many-mixed":
-        return many_mixed()
-    if name.startswith("file:"):
-        return from_file(name[5:])
-    raise ValueError(f"unknown shape '{name}' (gpt2, gpt2-xl, llama-1.1b, many-4096, "
-                     "many-mixed, file:PATH)")
 
 
 def split_shapes(args_list):
@@ -250,7 +183,7 @@ def graphed(step):
 
 def build(mode, numels, w_src, g_src, lr):
     """Returns (step function, objects to keep alive, bytes/param, checker)."""
-    if mode == "flat":
+    if mode == "one-tensor":
         params = make_params([sum(numels)], w_src, g_src)
         opt = torch.optim.AdamW(params, lr=lr, fused=True)
         return opt.step, [params, opt], BPP_ADAMW, None
@@ -338,16 +271,124 @@ HEADER = """#
 # B/param   mtopt's count of the bytes a step must move per parameter (AdamW 28,
 #           mixed step 32), so GB/s compares with mtopt_bench; PyTorch moves more
 # GB/s      params x B/param / time (1 GB = 1e9 B)
-# floor     PyTorch's own flat single-tensor fused step time / this time
+# floor     copy ms / this ms, copy = the copy row of this row's B/param (same
+#           shape, same run): dst.copy_(src) of params x B/param / 2 bytes, a
+#           device-to-device cudaMemcpyAsync (1.00 = as fast as the memory)
 # host_us   median host time to return from one step call, stream idle
 #"""
+
+CSV_KEYS = ["shape", "mode", "tensors", "params", "ms", "launches_per_step", "bytes_per_param",
+            "gbps", "floor_ms", "frac_of_floor", "host_us", "iters", "steps_per_sample",
+            "check", "ok"]
+
+
+def new_row(shape, mode, numels, bpp):
+    return {"shape": shape, "mode": mode, "impl": "torch", "tensors": len(numels),
+            "params": sum(numels), "ms": None, "launches_per_step": None,
+            "bytes_per_param": bpp, "gbps": None, "floor_ms": None, "frac_of_floor": None,
+            "copy_variant": None, "host_us": None, "iters": 0, "steps_per_sample": 1,
+            "check": "-", "skipped": None, "ok": False, "note": ""}
+
+
+def timed(row, fn, warmup, iters):
+    ms, host_us, k = time_steps(fn, warmup, iters)
+    if host_us is None:
+        iters, row["note"] = 1, f"one sample: a step takes over {SLOW_MS / 1e3:g} s"
+    row.update(ms=ms, host_us=host_us, iters=iters * k, steps_per_sample=k,
+               gbps=row["params"] * row["bytes_per_param"] / (ms * 1e-3) / 1e9)
+
+
+def run_mode(row, args, mode, numels, w_src, g_src):
+    iters, warmup = args.iters, args.warmup
+    if mode in ("forloop", "foreach") and len(numels) > 5000:
+        iters, warmup = min(iters, args.loop_iters), min(warmup, 1)
+    fn, keep, bpp, checker = build(mode, numels, w_src, g_src, args.lr)
+    row["bytes_per_param"] = bpp
+    timed(row, fn, warmup, iters)
+    if checker is not None:
+        skipped = checker()
+        row["skipped"] = skipped
+        row["check"] = "ok" if skipped == 0 else "FAIL"
+        if skipped != 0:
+            raise RuntimeError("the loss scale backed off: a step was skipped")
+    if args.launches and len(numels) <= 10000:
+        row["launches_per_step"] = count_launches(fn)
+
+
+def run_copy(row, args):
+    """The floor of row's bytes per parameter: a copy of params x B/param / 2
+    bytes."""
+    n = row["params"] * row["bytes_per_param"] // 2
+    src = torch.full((n,), 0x3F, dtype=torch.uint8, device=DEVICE)
+    dst = torch.zeros(n, dtype=torch.uint8, device=DEVICE)
+    timed(row, lambda: dst.copy_(src), args.warmup, args.iters)
+    row.update(launches_per_step=1, copy_variant="copy_ (cudaMemcpyAsync-d2d)")
+
+
+def guarded(rows, row, fn, *a):
+    """fn(row, *a) fills the row; a failure is noted in it, not an exit."""
+    try:
+        fn(row, *a)
+        row["ok"] = True
+    except Exception as exc:  # report and go on with the next mode
+        row["note"] = f"{type(exc).__name__}: {exc}"[:400]
+        traceback.print_exc(file=sys.stderr)
+    gc.collect()
+    torch.cuda.empty_cache()
+    rows.append(row)
+
+
+def set_floors(rows):
+    for r in rows:
+        copies = [c for c in rows if c["mode"] == "copy" and c["ok"]
+                  and c["bytes_per_param"] == r["bytes_per_param"]]
+        if r["ok"] and copies:
+            r["floor_ms"] = copies[0]["ms"]
+            r["frac_of_floor"] = r["floor_ms"] / r["ms"]
+
+
+def print_row(r):
+    head = f"{r['shape']:<13} {r['mode']:<12} {r['tensors']:>8} {r['params']:>12}"
+    if not r["ok"]:
+        print(f"{head}   FAILED: {r['note']}")
+        return
+    fr = f"{r['frac_of_floor']:.3f}" if r["frac_of_floor"] else "-"
+    la = str(r["launches_per_step"]) if r["launches_per_step"] else "-"
+    hu = f"{r['host_us']:.1f}" if r["host_us"] is not None else "-"
+    print(f"{head} {r['ms']:>10.4f} {la:>9} {r['bytes_per_param']:>7} {r['gbps']:>9.2f} "
+          f"{fr:>6} {hu:>9} {r['iters']:>6}")
+
+
+def run_shape(args, shape, modes, gen):
+    """Every mode on one shape, then a copy row per B/param and the floors."""
+    numels = shapes.numels(shape)
+    total = sum(numels)
+    gen.manual_seed(1234)
+    w_src = rand_nonzero(total, 0.1, gen)
+    g_src = rand_nonzero(total, 0.01, gen)
+    rows = []
+    for mode in modes:
+        row = new_row(shape, mode, numels, BPP_MODE.get(mode, BPP_ADAMW))
+        guarded(rows, row, run_mode, args, mode, numels, w_src, g_src)
+    del w_src, g_src
+    gc.collect()
+    torch.cuda.empty_cache()
+    for bpp in dict.fromkeys(r["bytes_per_param"] for r in rows):
+        guarded(rows, new_row(shape, "copy", numels, bpp), run_copy, args)
+    set_floors(rows)
+    for r in rows:
+        print_row(r)
+    sys.stdout.flush()
+    return rows
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", action="append", default=[],
-                    help="gpt2,gpt2-xl,llama-1.1b,many-4096,many-mixed,file:PATH (default all)")
+                    help=",".join(ALL_SHAPES) + ",file:PATH (default all)")
+    ap.add_argument("--print-shapes", action="store_true",
+                    help="print the shapes (as mtopt_bench --print-shapes) and exit")
     ap.add_argument("--modes", default=",".join(MODES),
                     help="default: " + ",".join(MODES) + "; also " + ",".join(MIXED_MODES))
     ap.add_argument("--iters", type=int, default=20)
@@ -363,18 +404,22 @@ def main():
     ap.add_argument("--csv")
     args = ap.parse_args()
 
+    names = split_shapes(args.shapes) or ALL_SHAPES
+    if args.print_shapes:
+        for n in names:
+            print(shapes.line(n))
+        return 0
     if torch is None or not torch.cuda.is_available():
         print("torch_bench: CUDA is not available", file=sys.stderr)
         return 2
     torch.cuda.set_device(args.device)
-    shapes = split_shapes(args.shapes) or ALL_SHAPES
     modes = [m for m in args.modes.split(",") if m]
     for m in modes:
         if m not in MODES + MIXED_MODES:
             print(f"torch_bench: unknown mode '{m}' ({', '.join(MODES + MIXED_MODES)})",
                   file=sys.stderr)
             return 2
-    modes = [m for m in MODES + MIXED_MODES if m in modes]  # flat first: the floor column
+    modes = [m for m in MODES + MIXED_MODES if m in modes]
     props = torch.cuda.get_device_properties(args.device)
     meta = {
         "tool": "torch_bench",
@@ -387,13 +432,15 @@ def main():
         "optimizer": "adamw",
         "iters": args.iters,
         "warmup": args.warmup,
+        "floor": "copy ms / ms: the copy row of the row's bytes_per_param "
+                 "(params x B/param / 2 bytes), same shape, same run",
     }
     print(f"# torch_bench  torch {torch.__version__}  CUDA {torch.version.cuda}  "
           f"commit {meta['git_commit'] or 'unknown'}  {meta['date']}")
     print(f"# device {meta['device']}  optimizer adamw  iters {args.iters}  "
           f"warmup {args.warmup}")
     print(HEADER)
-    print(f"{'shape':<12} {'mode':<12} {'tensors':>8} {'params':>12} {'ms/step':>10} "
+    print(f"{'shape':<13} {'mode':<12} {'tensors':>8} {'params':>12} {'ms/step':>10} "
           f"{'launches':>9} {'B/param':>7} {'GB/s':>9} {'floor':>6} {'host_us':>9} "
           f"{'iters':>6}")
     sys.stdout.flush()
@@ -401,84 +448,23 @@ def main():
     rows = []
     failures = 0
     gen = torch.Generator(device=DEVICE)
-    for shape in shapes:
+    for shape in names:
         try:
-            numels = shape_numels(shape)
+            rows += run_shape(args, shape, modes, gen)
         except (OSError, ValueError) as exc:
             print(f"torch_bench: {exc}", file=sys.stderr)
             failures += 1
-            continue
-        total = sum(numels)
-        gen.manual_seed(1234)
-        w_src = rand_nonzero(total, 0.1, gen)
-        g_src = rand_nonzero(total, 0.01, gen)
-        flat_ms = None
-        for mode in modes:
-            row = {"shape": shape, "mode": mode, "impl": "torch", "tensors": len(numels),
-                   "params": total, "ms": None, "launches_per_step": None,
-                   "bytes_per_param": BPP_MODE.get(mode, BPP_ADAMW),
-                   "gbps": None, "frac_of_flat": None, "host_us": None, "iters": 0,
-                   "steps_per_sample": 1, "check": "-", "skipped": None, "ok": False,
-                   "note": ""}
-            fn = keep = checker = None
-            try:
-                iters, warmup = args.iters, args.warmup
-                if mode in ("forloop", "foreach") and len(numels) > 5000:
-                    iters, warmup = min(iters, args.loop_iters), min(warmup, 1)
-                fn, keep, bpp, checker = build(mode, numels, w_src, g_src, args.lr)
-                ms, host_us, k = time_steps(fn, warmup, iters)
-                if host_us is None:
-                    iters, row["note"] = 1, f"one sample: a step takes over {SLOW_MS / 1e3:g} s"
-                row.update(ms=ms, host_us=host_us, iters=iters * k, steps_per_sample=k,
-                           gbps=total * bpp / (ms * 1e-3) / 1e9)
-                if checker is not None:
-                    skipped = checker()
-                    row["skipped"] = skipped
-                    row["check"] = "ok" if skipped == 0 else "FAIL"
-                    if skipped != 0:
-                        raise RuntimeError("the loss scale backed off: a step was skipped")
-                if args.launches and len(numels) <= 10000:
-                    row["launches_per_step"] = count_launches(fn)
-                if mode == "flat":
-                    flat_ms = ms
-                if flat_ms:
-                    row["frac_of_flat"] = flat_ms / ms
-                row["ok"] = True
-            except Exception as exc:  # report and go on with the next mode
-                row["note"] = f"{type(exc).__name__}: {exc}"[:400]
-                traceback.print_exc(file=sys.stderr)
-                failures += 1
-            fn = keep = checker = None
-            gc.collect()
-            torch.cuda.empty_cache()
-            rows.append(row)
-            if row["ok"]:
-                fr = f"{row['frac_of_flat']:.3f}" if row["frac_of_flat"] else "-"
-                la = str(row["launches_per_step"]) if row["launches_per_step"] else "-"
-                hu = f"{row['host_us']:.1f}" if row["host_us"] is not None else "-"
-                print(f"{shape:<12} {mode:<12} {len(numels):>8} {total:>12} {row['ms']:>10.4f} "
-                      f"{la:>9} {row['bytes_per_param']:>7} {row['gbps']:>9.2f} {fr:>6} "
-                      f"{hu:>9} {row['iters']:>6}")
-            else:
-                print(f"{shape:<12} {mode:<12} {len(numels):>8} {total:>12}   FAILED: "
-                      f"{row['note']}")
-            sys.stdout.flush()
-        del w_src, g_src
-        gc.collect()
-        torch.cuda.empty_cache()
+    failures += sum(not r["ok"] for r in rows)
     print(f"# {len(rows)} rows, {failures} failed")
 
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"meta": meta, "rows": rows}, f, indent=1)
     if args.csv:
-        keys = ["shape", "mode", "tensors", "params", "ms", "launches_per_step",
-                "bytes_per_param", "gbps", "frac_of_flat", "host_us", "iters",
-                "steps_per_sample", "check", "ok"]
         with open(args.csv, "w") as f:
-            f.write(",".join(keys) + "\n")
+            f.write(",".join(CSV_KEYS) + "\n")
             for r in rows:
-                f.write(",".join("" if r[k] is None else str(r[k]) for k in keys) + "\n")
+                f.write(",".join("" if r[k] is None else str(r[k]) for k in CSV_KEYS) + "\n")
     return 1 if failures else 0
 
 

@@ -8,7 +8,7 @@
 # OUT ends up with at most 7 files:
 #   gpu.log           everything, in order
 #   summary.txt       one line per step: status, exit code, seconds
-#   mtopt_bench.json  mtopt_bench --backend cuda, all shapes
+#   mtopt_bench.json  mtopt_bench --backend cuda, all nine shapes
 #   torch_bench.json  bench/torch_bench.py on the same shapes
 #   bench_table.md    bench/compare.py's table (docs/benchmarks.md, "GPU (H200)")
 #   bench_gpu.png     bench/compare.py's plot
@@ -29,11 +29,12 @@
 #   GPU_RUN_BUDGET=560          total seconds
 #   GPU_RUN_SKIP="a,b"          steps to skip, GPU_RUN_ONLY="a,b" steps to run
 #                               (deps configure build ctest_cuda ctest_mpi
-#                               mtopt_bench torch_bench mtopt_bench_dtypes
+#                               shapes_agree mtopt_bench torch_bench
+#                               mtopt_bench_optimizers mtopt_bench_dtypes
 #                               torch_bench_dtypes compare mnist_gpu
 #                               dist_bench ctest_cpu multi_dist_test
 #                               multi_dist_bench multi_nccl_ref multi_mnist
-#                               ncu_small memcheck racecheck)
+#                               ncu_small ncu_large memcheck racecheck)
 #   GPU_RUN_BUILD_DIR=build-gpu the build directory, under the repository
 #   MTOPT_GIT_COMMIT=<sha>      recorded in the JSON when git is unavailable
 #   BENCH_ARGS / TORCH_ARGS     extra arguments for the two benchmarks
@@ -188,19 +189,32 @@ export NCCL_NVLS_ENABLE=0
 step ctest_mpi 200 ctest --test-dir "$BUILD" -L mpi --output-on-failure
 
 # ---- benchmarks ----
+# Every row's floor is a copy of its own bytes in the same run (the copy
+# rows, one per B/param); docs/benchmarks.md defines it. The shape lists:
+# all built-in ones, and the large models' for the per-optimizer runs.
+SHAPES_ALL=gpt2,gpt2-xl,llama-1.1b,bert-large,vit-h-14,switch-base-8,many-4096,many-mixed,tiny-50k
+SHAPES_LARGE=gpt2-xl,llama-1.1b,bert-large,vit-h-14,switch-base-8
+# mtopt_bench (shapes.c) and torch_bench.py (shapes.py) must time the same lists.
+step shapes_agree 60 python3 "$ROOT/bench/shapes.py" --check "$BUILD/bench/mtopt_bench"
 # shellcheck disable=SC2086
-step mtopt_bench 240 "$BUILD/bench/mtopt_bench" --backend cuda \
-  --shapes gpt2,gpt2-xl,llama-1.1b,many-4096,many-mixed --iters 20 --warmup 5 --loop-iters 3 \
+step mtopt_bench 360 "$BUILD/bench/mtopt_bench" --backend cuda \
+  --shapes "$SHAPES_ALL" --iters 20 --warmup 5 --loop-iters 3 \
   --json "$OUT/mtopt_bench.json" --csv "$LOGS/mtopt_bench.csv" ${BENCH_ARGS:-}
 # shellcheck disable=SC2086
-step torch_bench 240 python3 "$ROOT/bench/torch_bench.py" --iters 20 --warmup 5 --loop-iters 3 \
-  --json "$OUT/torch_bench.json" --csv "$LOGS/torch_bench.csv" ${TORCH_ARGS:-}
+step torch_bench 400 python3 "$ROOT/bench/torch_bench.py" --shapes "$SHAPES_ALL" --iters 20 \
+  --warmup 5 --loop-iters 3 --json "$OUT/torch_bench.json" --csv "$LOGS/torch_bench.csv" \
+  ${TORCH_ARGS:-}
+# Adam, SGD (momentum) and LAMB on the large models: the fused step, its graph
+# replay and the copy of each one's bytes (20, 28, 40 B/param); JSON in logs.
+step mtopt_bench_optimizers 240 bash -c "for k in adam sgd lamb; do \"$BUILD/bench/mtopt_bench\" \
+  --backend cuda --shapes $SHAPES_LARGE --modes fused,graph,copy --iters 20 --warmup 5 \
+  --optimizer \$k --json \"$LOGS/mtopt_bench_\$k.json\" || exit 1; done"
 # Mixed precision: every --dtype configuration on two large shapes (the fused
 # step, its graph replay and the copy of the same bytes), and PyTorch's
 # bf16 counterparts; the JSON files go into logs.tar.gz.
 step mtopt_bench_dtypes 240 bash -c "for d in bf16-master bf16-remainder bf16-nearest bf16-sr \
   bf16-all bf16-all-sr f32-bf16grad mixed-table; do \"$BUILD/bench/mtopt_bench\" --backend cuda \
-  --shapes gpt2-xl,llama-1.1b --modes fused,graph,memcpy --iters 20 --warmup 5 --dtype \$d \
+  --shapes gpt2-xl,llama-1.1b --modes fused,graph,copy --iters 20 --warmup 5 --dtype \$d \
   --json \"$LOGS/mtopt_bench_\$d.json\" || exit 1; done"
 step torch_bench_dtypes 180 python3 "$ROOT/bench/torch_bench.py" --shapes gpt2-xl,llama-1.1b \
   --modes bf16-fused,bf16-fused-graph,master-recipe,master-recipe-graph --iters 20 --warmup 5 \
@@ -240,12 +254,21 @@ else
   done
 fi
 
-# ---- a profile of the many-small-tensors step (Nsight Compute) ----
+# ---- profiles (Nsight Compute) ----
+# Small tensors: the fused step's kernel (warps fetch chunks: warp_kernel) on
+# both small-tensor sets. Large tensors: the fused step on GPT-2 XL (a block
+# per chunk: block_kernel) beside the reference AdamW kernel on the same
+# elements (its first 3 launches are the check's small buffer: skipped).
 if command -v ncu >/dev/null; then
-  step ncu_small 120 ncu --clock-control none --section SpeedOfLight --section Occupancy \
-    --section WarpStateStats --section LaunchStats -k regex:update_kernel -c 1 \
-    "$BUILD/bench/mtopt_bench" --backend cuda --shapes many-mixed --modes fused --iters 1 \
-    --warmup 1 --check 0
+  NCU=(ncu --clock-control none --section SpeedOfLight --section MemoryWorkloadAnalysis
+       --section Occupancy --section WarpStateStats --section SchedulerStats --section LaunchStats)
+  step ncu_small 150 bash -c "for s in many-mixed tiny-50k; do ${NCU[*]} \
+    -k regex:'warp_kernel|block_kernel' -c 1 $BUILD/bench/mtopt_bench --backend cuda --shapes \$s \
+    --modes fused --iters 1 --warmup 1 --check 0 || exit 1; done"
+  step ncu_large 150 bash -c "${NCU[*]} -k regex:block_kernel -c 1 $BUILD/bench/mtopt_bench \
+    --backend cuda --shapes gpt2-xl --modes fused --iters 1 --warmup 1 --check 0 && \
+    ${NCU[*]} -k regex:ref_adamw_kernel --launch-skip 3 -c 1 $BUILD/bench/mtopt_bench \
+    --backend cuda --shapes gpt2-xl --modes ref-adamw --iters 1 --warmup 1 --check 0"
 fi
 
 # ---- sanitizers (CUDA must not be touched before Check forks: CK_FORK=no) ----
