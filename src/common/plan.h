@@ -142,7 +142,8 @@ typedef struct {
   int32_t defer_stats;
   int32_t all_f32;  /* every tensor F32 with F32 state: the fast paths */
   int32_t stochastic; /* mtopt_rounding_t: low-precision writes without a master */
-  int32_t reserved;
+  int32_t bf16_state; /* state_dtype BF16: CUDA runs the mixed kernels built for
+                         narrow layouts (step_kernels.cuh: kernel flavours) */
 } mtopt__plan_t;
 
 /* The passes of one step, in order, into out[]; returns how many. STATS when

@@ -315,6 +315,7 @@ mtopt_status_t mtopt__optimizer_create(mtopt_context_t *ctx, mtopt_tensor_list_t
   p->defer_stats = defer;
   p->all_f32 = all_f32;
   p->stochastic = c->rounding == MTOPT_ROUNDING_STOCHASTIC;
+  p->bf16_state = c->state_dtype == MTOPT_DTYPE_BF16;
 
   free(numel);
   free(first);

@@ -24,39 +24,11 @@
 
 #include "../../common/step_elem.h"
 
-/* EXPERIMENT (removed once measured): streaming hints on the arrays' loads
- * and stores, and the blocks per SM the kernels are compiled for. */
-#ifndef MTOPT__CUDA_CS
-#define MTOPT__CUDA_CS 1
-#endif
-#ifndef MTOPT__MIN_BLOCKS_F32
-#define MTOPT__MIN_BLOCKS_F32 1
-#endif
-#ifndef MTOPT__MIN_BLOCKS_MIXED
-#define MTOPT__MIN_BLOCKS_MIXED 1
-#endif
-template <class T>
-__device__ __forceinline__ T ld_stream(const T *p) {
-#if MTOPT__CUDA_CS
-  return __ldcs(p);
-#else
-  return *p;
-#endif
-}
-template <class T>
-__device__ __forceinline__ void st_stream(T *p, const T &x) {
-#if MTOPT__CUDA_CS
-  __stcs(p, x);
-#else
-  *p = x;
-#endif
-}
-
 namespace mixed_vec {
 
 /* 8 raw 16-bit words of a 16-byte-aligned group. */
 __device__ __forceinline__ void ld16(const void *base, int64_t i, uint16_t (&h)[8]) {
-  const uint4 u = ld_stream(reinterpret_cast<const uint4 *>(static_cast<const uint16_t *>(base) + i));
+  const uint4 u = __ldcs(reinterpret_cast<const uint4 *>(static_cast<const uint16_t *>(base) + i));
   const uint32_t w[4] = {u.x, u.y, u.z, u.w};
 #pragma unroll
   for (int k = 0; k < 4; k++) {
@@ -71,7 +43,7 @@ __device__ __forceinline__ void st16(void *base, int64_t i, const uint16_t (&h)[
   u.y = (uint32_t)h[2] | ((uint32_t)h[3] << 16);
   u.z = (uint32_t)h[4] | ((uint32_t)h[5] << 16);
   u.w = (uint32_t)h[6] | ((uint32_t)h[7] << 16);
-  st_stream(reinterpret_cast<uint4 *>(static_cast<uint16_t *>(base) + i), u);
+  __stcs(reinterpret_cast<uint4 *>(static_cast<uint16_t *>(base) + i), u);
 }
 
 /* 8 elements of dtype DT (F32 or BF16) as floats. */
@@ -79,7 +51,7 @@ template <int DT>
 __device__ __forceinline__ void ld8(const void *base, int64_t i, float (&x)[8]) {
   if constexpr (DT == MTOPT__DT_F32) {
     const float4 *q = reinterpret_cast<const float4 *>(static_cast<const float *>(base) + i);
-    const float4 a = ld_stream(q), b = ld_stream(q + 1);
+    const float4 a = __ldcs(q), b = __ldcs(q + 1);
     x[0] = a.x, x[1] = a.y, x[2] = a.z, x[3] = a.w;
     x[4] = b.x, x[5] = b.y, x[6] = b.z, x[7] = b.w;
   } else {
@@ -92,8 +64,8 @@ __device__ __forceinline__ void ld8(const void *base, int64_t i, float (&x)[8]) 
 
 __device__ __forceinline__ void st8f(void *base, int64_t i, const float (&x)[8]) {
   float4 *q = reinterpret_cast<float4 *>(static_cast<float *>(base) + i);
-  st_stream(q, make_float4(x[0], x[1], x[2], x[3]));
-  st_stream(q + 1, make_float4(x[4], x[5], x[6], x[7]));
+  __stcs(q, make_float4(x[0], x[1], x[2], x[3]));
+  __stcs(q + 1, make_float4(x[4], x[5], x[6], x[7]));
 }
 
 /* Stores 8 values in DT, rounded as mtopt__st does (BF16: stochastically from

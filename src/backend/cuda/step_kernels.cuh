@@ -176,7 +176,7 @@ __device__ __forceinline__ void stream_chunk(float *const (&p)[N], int32_t len, 
       const int32_t i = base + u * TEAM;
       if (i < n4) {
 #pragma unroll
-        for (int k = 0; k < N; k++) r[u][k] = ld_stream(q[k] + i);
+        for (int k = 0; k < N; k++) r[u][k] = __ldcs(q[k] + i);
       }
     }
 #pragma unroll
@@ -194,7 +194,7 @@ __device__ __forceinline__ void stream_chunk(float *const (&p)[N], int32_t len, 
         }
 #pragma unroll
         for (int k = 0; k < N; k++)
-          if (STORE & (1u << k)) st_stream(q[k] + i, r[u][k]);
+          if (STORE & (1u << k)) __stcs(q[k] + i, r[u][k]);
       }
     }
   }
@@ -495,10 +495,20 @@ __device__ __forceinline__ void do_chunk(const mtopt__plan_t &p, int64_t c, Chun
  * with a larger chunk (their sizes differ by 1000x among small tensors) and
  * the block's completion count comes once, at the end. The block that exits
  * last resets the counter for the next launch (graph replays included). */
-template <int PASS, int KIND, bool MIXED>
-__global__ void __launch_bounds__(kBlock, MIXED ? MTOPT__MIN_BLOCKS_MIXED : MTOPT__MIN_BLOCKS_F32) block_kernel(mtopt__plan_t p, int64_t c0) {
+/* Flavours of the block kernel, chosen per plan (launch below): all-F32, and
+ * two of the mixed paths, compiled for the registers each kind of layout
+ * wants. With bf16 state (8 bf16 of each array per group) a cap of 64
+ * registers, for 4 resident blocks per SM, lifted GPT-2 XL bf16 everywhere
+ * from 0.74 to 0.92 of the copy; with fp32 state the same cap serialises the
+ * wide loads (bf16 + fp32 masters 0.93 -> 0.85), so those build uncapped
+ * (docs/perf_notes.md, v6). */
+constexpr int kFlavourF32 = 0, kFlavourMixed = 1, kFlavourNarrow = 2;
+
+template <int PASS, int KIND, int FL>
+__global__ void __launch_bounds__(kBlock, FL == kFlavourNarrow ? 4 : 1)
+    block_kernel(mtopt__plan_t p, int64_t c0) {
   __shared__ ChunkView v;
-  do_chunk<kBlock, PASS, KIND, MIXED>(p, c0 + blockIdx.x, v);
+  do_chunk<kBlock, PASS, KIND, FL != kFlavourF32>(p, c0 + blockIdx.x, v);
   finish_block<PASS>(p, 1u);
 }
 
@@ -532,31 +542,32 @@ __global__ void __launch_bounds__(kBlock) warp_kernel(mtopt__plan_t p, int64_t c
 
 /* ---- the grid of a pass ---- */
 
-/* MIXED: the plan has a tensor other than all-F32 (plan.all_f32 == 0). The
- * all-F32 kernels are instantiated apart, so that the registers of the
- * mixed-precision paths do not cut their occupancy. */
-template <int PASS, int KIND, bool MIXED>
-void launch(const mtopt__plan_t &p, int sm_count, int64_t c0, int64_t c1,
-                   cudaStream_t stream) {
+/* FL: the plan's flavour. The all-F32 kernels are instantiated apart, so that
+ * the registers of the mixed-precision paths do not cut their occupancy; the
+ * small-chunk kernel has one mixed flavour. */
+template <int PASS, int KIND, int FL>
+void launch(const mtopt__plan_t &p, int sm_count, int64_t c0, int64_t c1, cudaStream_t stream) {
   const int64_t n = c1 - c0;
   if (p.mean_chunk_len >= kWarpTeamBelow) {
-    block_kernel<PASS, KIND, MIXED><<<(unsigned)n, kBlock, 0, stream>>>(p, c0);
+    block_kernel<PASS, KIND, FL><<<(unsigned)n, kBlock, 0, stream>>>(p, c0);
     return;
   }
   /* Enough blocks to fill the SMs (a few resident per SM), no more than the
    * chunks need. */
   const int64_t want = (n + kBlock / 32 - 1) / (kBlock / 32);
   const int64_t fill = (int64_t)sm_count * kWarpBlocksPerSm;
-  warp_kernel<PASS, KIND, MIXED><<<(unsigned)(want < fill ? want : fill), kBlock, 0, stream>>>(p, c0, c1);
+  warp_kernel<PASS, KIND, FL != kFlavourF32>
+      <<<(unsigned)(want < fill ? want : fill), kBlock, 0, stream>>>(p, c0, c1);
 }
 
 template <int PASS, int KIND>
-void launch(const mtopt__plan_t &p, int sm_count, int64_t c0, int64_t c1,
-                   cudaStream_t stream) {
+void launch(const mtopt__plan_t &p, int sm_count, int64_t c0, int64_t c1, cudaStream_t stream) {
   if (p.all_f32)
-    launch<PASS, KIND, false>(p, sm_count, c0, c1, stream);
+    launch<PASS, KIND, kFlavourF32>(p, sm_count, c0, c1, stream);
+  else if (p.bf16_state)
+    launch<PASS, KIND, kFlavourNarrow>(p, sm_count, c0, c1, stream);
   else
-    launch<PASS, KIND, true>(p, sm_count, c0, c1, stream);
+    launch<PASS, KIND, kFlavourMixed>(p, sm_count, c0, c1, stream);
 }
 
 } /* namespace */
