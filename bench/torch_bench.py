@@ -60,7 +60,8 @@ try:
 except ImportError:  # shapes and helpers stay importable without it
     torch = None
 
-MODES = ["one-tensor", "forloop", "foreach", "fused", "fused-graph", "gradscaler"]
+MODES = ["one-tensor", "forloop", "foreach", "fused", "fused-graph", "gradscaler",
+         "mtopt-torch", "mtopt-torch-graph"]
 MIXED_MODES = ["bf16-fused", "bf16-fused-graph", "master-recipe", "master-recipe-graph"]
 BPP_MODE = {"gradscaler": 32, "bf16-fused": 14, "bf16-fused-graph": 14, "master-recipe": 28,
             "master-recipe-graph": 28}
@@ -166,20 +167,35 @@ def make_params(numels, w_src, g_src, grad_scale=1.0, dtype=None):
 
 def graphed(step):
     """One step captured in a CUDA graph, after warm-up steps on a side stream
-    (the documented recipe: capturable optimizers make their state lazily)."""
+    (the documented recipe: capturable optimizers make their state lazily).
+    The capture runs on that same stream: mtopt.torch refuses to switch
+    streams inside a capture (docs/python.md)."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
         for _ in range(3):
             step()
-    torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with torch.cuda.graph(graph, stream=side):
         step()
+    torch.cuda.current_stream().wait_stream(side)
     return graph
 
 
 # ----------------------------------------------------------------- modes --
+
+def mtopt_torch():
+    """mtopt's torch optimizers (python/mtopt/torch.py), timed in this process:
+    the installed package, else this repository's python/ (MTOPT_LIBRARY then
+    names the library to load, e.g. build-gpu/libmtopt.so)."""
+    try:
+        import mtopt.torch as mt
+    except ImportError:
+        here = os.path.dirname(os.path.abspath(__file__))
+        sys.path.insert(0, os.path.join(here, "..", "python"))
+        import mtopt.torch as mt
+    return mt
+
 
 def build(mode, numels, w_src, g_src, lr):
     """Returns (step function, objects to keep alive, bytes/param, checker)."""
@@ -193,6 +209,16 @@ def build(mode, numels, w_src, g_src, lr):
               "fused": {"fused": True}}[mode]
         opt = torch.optim.AdamW(params, lr=lr, **kw)
         return opt.step, [params, opt], BPP_ADAMW, None
+    if mode in ("mtopt-torch", "mtopt-torch-graph"):
+        # mtopt.torch.AdamW as a PyTorch user would swap it in; its first
+        # step (a warm-up) copies each .grad into mtopt's gradient buffer and
+        # makes .grad a view of it, so the timed steps read the same values.
+        params = make_params(numels, w_src, g_src)
+        opt = mtopt_torch().AdamW(params, lr=lr)
+        if mode == "mtopt-torch":
+            return opt.step, [params, opt], BPP_ADAMW, None
+        graph = graphed(opt.step)
+        return graph.replay, [params, opt, graph], BPP_ADAMW, None
     if mode == "fused-graph":
         params = make_params(numels, w_src, g_src)
         opt = torch.optim.AdamW(params, lr=lr, fused=True, capturable=True)

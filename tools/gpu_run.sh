@@ -29,7 +29,7 @@
 #   GPU_RUN_BUDGET=560          total seconds
 #   GPU_RUN_SKIP="a,b"          steps to skip, GPU_RUN_ONLY="a,b" steps to run
 #                               (deps configure build ctest_cuda ctest_mpi
-#                               shapes_agree mtopt_bench torch_bench
+#                               pytest_torch shapes_agree mtopt_bench torch_bench
 #                               mtopt_bench_optimizers mtopt_bench_dtypes
 #                               torch_bench_dtypes compare mnist_gpu
 #                               dist_bench ctest_cpu multi_dist_test
@@ -187,6 +187,12 @@ step ctest_cuda 200 ctest --test-dir "$BUILD" -L cuda --output-on-failure
 # NCCL at one rank: NVLink multicast stays off on these hosts.
 export NCCL_NVLS_ENABLE=0
 step ctest_mpi 200 ctest --test-dir "$BUILD" -L mpi --output-on-failure
+
+# The Python package's torch tests on CUDA and CPU tensors, against this
+# build's library (PyTorch is on the GPU host; CI has no torch and skips them).
+export MTOPT_LIBRARY=$BUILD/libmtopt.so
+step pytest_torch 200 env PYTHONPATH="$ROOT/python" python3 -m pytest -q -p no:cacheprovider \
+  "$ROOT/python/tests/test_torch_cuda.py" "$ROOT/python/tests/test_torch_cpu.py"
 
 # ---- benchmarks ----
 # Every row's floor is a copy of its own bytes in the same run (the copy
