@@ -65,6 +65,17 @@ void copy_w(table_t *dst, const table_t *src) {
   }
 }
 
+void table_cycles(table_t *t, tu_rng_t *rng, mtopt_backend_t be, const int *pdt, int np,
+                  const int *gdt, int ng) {
+  int p[MAXT], g[MAXT];
+  for (int i = 0; i < MAXT; i++) {
+    p[i] = pdt[i % np];
+    g[i] = gdt[i % ng];
+  }
+  table_make(t, rng, be, MAXT, p, g, NULL);
+  table_fill_w(t, rng);
+}
+
 /* Random weights in [-2, 2), rounded into each tensor's dtype. */
 void table_fill_w(table_t *t, tu_rng_t *rng) {
   for (int i = 0; i < t->n; i++) {

@@ -49,6 +49,13 @@ void get(mtopt_backend_t be, float *x, const void *src, int dt, int64_t n);
  * one-element tensor first), each at a random misaligned start. */
 void table_make(table_t *t, tu_rng_t *rng, mtopt_backend_t be, int n, const int *pdt,
                 const int *gdt, const int64_t *numel);
+/* MAXT tensors whose dtypes cycle: tensor i's parameter pdt[i % np], its
+ * gradient gdt[i % ng]; sizes and starts as table_make, then random weights
+ * (table_fill_w). CYCLE(a, b, ...) passes a list and its length. */
+void table_cycles(table_t *t, tu_rng_t *rng, mtopt_backend_t be, const int *pdt, int np,
+                  const int *gdt, int ng);
+#define CYCLE(...) \
+  (const int[]){__VA_ARGS__}, (int)(sizeof((int[]){__VA_ARGS__}) / sizeof(int))
 /* dst's weights := src's (upcast or rounded into dst's dtypes). */
 void copy_w(table_t *dst, const table_t *src);
 /* Random weights in [-2, 2), rounded into each tensor's dtype. */

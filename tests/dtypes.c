@@ -28,14 +28,8 @@ START_TEST(test_master_f32_is_fp32) {
   tu_rng_t rng;
   const mtopt_backend_t be = tu_backend();
   mtopt_context_t *ctx = begin(&rng, 31u * (uint64_t)_i);
-  int p[MAXT], g[MAXT];
-  for (int i = 0; i < MAXT; i++) {
-    p[i] = pdt;
-    g[i] = gdt;
-  }
   table_t a, f;
-  table_make(&a, &rng, be, MAXT, p, g, NULL);
-  table_fill_w(&a, &rng);
+  table_cycles(&a, &rng, be, CYCLE(pdt), CYCLE(gdt));
   table_like(&f, &a, &rng, MTOPT__DT_F32, MTOPT__DT_F32);
   mtopt_optimizer_config_t c = kind_config(kind);
   mtopt_tensor_list_t *la, *lf;
@@ -85,14 +79,8 @@ START_TEST(test_remainder_is_master_f32) {
   tu_rng_t rng;
   const mtopt_backend_t be = tu_backend();
   mtopt_context_t *ctx = begin(&rng, 77u * (uint64_t)_i);
-  int p[MAXT], g[MAXT];
-  for (int i = 0; i < MAXT; i++) {
-    p[i] = MTOPT__DT_BF16;
-    g[i] = i % 2 ? MTOPT__DT_BF16 : MTOPT__DT_F32;
-  }
   table_t a, b;
-  table_make(&a, &rng, be, MAXT, p, g, NULL);
-  table_fill_w(&a, &rng);
+  table_cycles(&a, &rng, be, CYCLE(MTOPT__DT_BF16), CYCLE(MTOPT__DT_F32, MTOPT__DT_BF16));
   table_like(&b, &a, &rng, -1, -1);
   const int kind = _i % 8;
   mtopt_optimizer_config_t c = kind_config(kind);
@@ -197,11 +185,9 @@ START_TEST(test_mixed_table) {
   tu_rng_t rng;
   const mtopt_backend_t be = tu_backend();
   mtopt_context_t *ctx = begin(&rng, 401);
-  int p[MAXT], g[MAXT];
-  for (int i = 0; i < MAXT; i++) p[i] = g[i] = i % 3 == 1 ? MTOPT__DT_F32 : MTOPT__DT_BF16;
   table_t a, single;
-  table_make(&a, &rng, be, MAXT, p, g, NULL);
-  table_fill_w(&a, &rng);
+  table_cycles(&a, &rng, be, CYCLE(MTOPT__DT_BF16, MTOPT__DT_F32, MTOPT__DT_BF16),
+               CYCLE(MTOPT__DT_BF16, MTOPT__DT_F32, MTOPT__DT_BF16));
   table_like(&single, &a, &rng, -1, -1);
   mtopt_optimizer_config_t c = kind_config(0);
   c.master_weights = MTOPT_MASTER_F32;

@@ -21,11 +21,8 @@ START_TEST(test_stochastic_invariance) {
   tu_rng_t rng;
   tu_rng_init(&rng, tu_seed() + 101);
   const mtopt_backend_t be = tu_backend();
-  int p[MAXT], g[MAXT];
-  for (int i = 0; i < MAXT; i++) p[i] = g[i] = MTOPT__DT_BF16;
   table_t t[4];
-  table_make(&t[0], &rng, be, MAXT, p, g, NULL);
-  table_fill_w(&t[0], &rng);
+  table_cycles(&t[0], &rng, be, CYCLE(MTOPT__DT_BF16), CYCLE(MTOPT__DT_BF16));
   for (int k = 1; k < 4; k++) table_like(&t[k], &t[0], &rng, -1, -1);
   mtopt_context_config_t cc = MTOPT_CONTEXT_CONFIG_INIT;
   cc.backend = be;
@@ -125,14 +122,8 @@ START_TEST(test_no_master_one_step) {
   tu_rng_t rng;
   const mtopt_backend_t be = tu_backend();
   mtopt_context_t *ctx = begin(&rng, 211u * (uint64_t)_i);
-  int p[MAXT], g[MAXT];
-  for (int i = 0; i < MAXT; i++) {
-    p[i] = MTOPT__DT_BF16;
-    g[i] = i % 2 ? MTOPT__DT_BF16 : MTOPT__DT_F16;
-  }
   table_t a, f;
-  table_make(&a, &rng, be, MAXT, p, g, NULL);
-  table_fill_w(&a, &rng);
+  table_cycles(&a, &rng, be, CYCLE(MTOPT__DT_BF16), CYCLE(MTOPT__DT_F16, MTOPT__DT_BF16));
   table_like(&f, &a, &rng, MTOPT__DT_F32, MTOPT__DT_F32);
   mtopt_optimizer_config_t c = kind_config(kind);
   mtopt_tensor_list_t *la, *lf;
@@ -184,14 +175,9 @@ START_TEST(test_checkpoint_resume) {
   tu_rng_t rng;
   const mtopt_backend_t be = tu_backend();
   mtopt_context_t *ctx = begin(&rng, 701);
-  int p[MAXT], g[MAXT];
-  for (int i = 0; i < MAXT; i++) {
-    p[i] = i % 3 == 1 ? MTOPT__DT_F32 : MTOPT__DT_BF16;
-    g[i] = i % 2 ? MTOPT__DT_F32 : MTOPT__DT_BF16;
-  }
   table_t a, b, wrong;
-  table_make(&a, &rng, be, MAXT, p, g, NULL);
-  table_fill_w(&a, &rng);
+  table_cycles(&a, &rng, be, CYCLE(MTOPT__DT_BF16, MTOPT__DT_F32, MTOPT__DT_BF16),
+               CYCLE(MTOPT__DT_BF16, MTOPT__DT_F32));
   table_like(&b, &a, &rng, -1, -1);
   table_fill_w(&b, &rng); /* b starts elsewhere: load must bring it back */
   table_like(&wrong, &a, &rng, -1, -1);

@@ -38,13 +38,8 @@ static mtopt_optimizer_config_t layout_config(int kind, int layout, int *pdt) {
 }
 
 static void make_table(table_t *t, tu_rng_t *rng, mtopt_backend_t be, int pdt) {
-  int p[MAXT], g[MAXT];
-  for (int i = 0; i < MAXT; i++) {
-    p[i] = i % 4 == 3 ? MTOPT__DT_F32 : pdt;
-    g[i] = i % 2 ? MTOPT__DT_F32 : MTOPT__DT_BF16;
-  }
-  table_make(t, rng, be, MAXT, p, g, NULL);
-  table_fill_w(t, rng);
+  table_cycles(t, rng, be, CYCLE(pdt, pdt, pdt, MTOPT__DT_F32),
+               CYCLE(MTOPT__DT_BF16, MTOPT__DT_F32));
 }
 
 /* Every state buffer (and master) of src's tensor i that it keeps, written
