@@ -303,6 +303,21 @@ SWITCH_CASES = [
 ]
 
 
+def resumed_twin_agrees(opt, ours, build, gen, steps=5):
+    """A twin of `ours` under the optimizer build(twin) makes, loaded with
+    opt's state_dict, steps as opt does, bit for bit; returns (twin, its
+    optimizer)."""
+    twin = [p.detach().clone().requires_grad_(True) for p in ours]
+    opt2 = build(twin)
+    opt2.load_state_dict(opt.state_dict())
+    for it in range(steps):
+        give_grads(ours, twin, gen, it)
+        opt.step()
+        opt2.step()
+    for a, b in zip(ours, twin):
+        assert torch.equal(a, b)
+    return twin, opt2
+
 @pytest.mark.parametrize("kind,cfg", SWITCH_CASES, ids=[c[0] for c in SWITCH_CASES])
 @pytest.mark.parametrize("first", ["torch", "mtopt"])
 def test_state_dict_switch(device, kind, cfg, first):
@@ -349,15 +364,8 @@ def test_state_dict_format(device, kind, cfg):
             t = tsd["state"][i][key]
             assert v.shape == t.shape and v.device == t.device and v.dtype == t.dtype, key
     # mtopt -> mtopt: the same bits as the optimizer it came from
-    twin = [p.detach().clone().requires_grad_(True) for p in ours]
-    opt2 = MTOPT[kind](two_groups(twin, cfg["lr"]), **cfg)
-    opt2.load_state_dict(sd)
-    for it in range(5):
-        give_grads(ours, twin, gen, it)
-        opt.step()
-        opt2.step()
-    for a, b in zip(ours, twin):
-        assert torch.equal(a, b)
+    resumed_twin_agrees(opt, ours, lambda twin: MTOPT[kind](two_groups(twin, cfg["lr"]), **cfg),
+                        gen)
 
 
 @pytest.mark.parametrize("master", ["f32", "remainder"])
@@ -372,15 +380,8 @@ def test_masters_in_state_dict(device, master):
         opt.step()
     sd = opt.state_dict()
     assert all(s["master"].dtype == torch.float32 for s in sd["state"].values())
-    twin = [p.detach().clone().requires_grad_(True) for p in ours]
-    opt2 = mt.AdamW(twin, lr=1e-2, master_weights=master)
-    opt2.load_state_dict(sd)
-    for it in range(5):
-        give_grads(ours, twin, gen, it)
-        opt.step()
-        opt2.step()
-    for a, b in zip(ours, twin):
-        assert torch.equal(a, b)
+    twin, opt2 = resumed_twin_agrees(
+        opt, ours, lambda twin: mt.AdamW(twin, lr=1e-2, master_weights=master), gen)
     sd = opt.state_dict()
     torch_opt = torch.optim.AdamW(twin, lr=1e-2)
     torch_opt.load_state_dict(sd)  # torch carries "master", cast to bf16
