@@ -160,9 +160,13 @@ MTOPT_HD uint32_t mtopt__sr_bits(uint32_t key, int64_t elem) {
 }
 
 /* The second moment's bits of element `elem` (elem >= 0), in the low 16 bits:
- * a half of the pair's draw. */
+ * the pair's draw (mtopt__sr_bits at elem >> 1), the half the parity picks. */
+MTOPT_HD uint32_t mtopt__sr_half_v(uint32_t pair_draw, int64_t elem) {
+  return pair_draw >> (16 * (uint32_t)(elem & 1));
+}
+
 MTOPT_HD uint32_t mtopt__sr_bits_v(uint32_t key, int64_t elem) {
-  return mtopt__sr_bits(key, elem >> 1) >> (16 * (uint32_t)(elem & 1));
+  return mtopt__sr_half_v(mtopt__sr_bits(key, elem >> 1), elem);
 }
 
 /* ---- one element of an array in its dtype ---- */

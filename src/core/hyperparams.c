@@ -192,7 +192,6 @@ static float *hp_field(mtopt__hyper_t *h, mtopt_hyperparam_t which) {
 mtopt_status_t mtopt__check_loaded_hyper(mtopt_context_t *ctx, const char *fn,
                                          const mtopt_optimizer_config_t *c,
                                          const mtopt__hyper_t *h) {
-  const int64_t max_steps = MAX_STEPS;
   mtopt__hyper_t copy = *h;
   for (int i = 0; i < MTOPT_HP_COUNT_; i++) {
     const mtopt_hyperparam_t which = (mtopt_hyperparam_t)i;
@@ -203,8 +202,8 @@ mtopt_status_t mtopt__check_loaded_hyper(mtopt_context_t *ctx, const char *fn,
       return mtopt__error(ctx, MTOPT_STATUS_INVALID_ARGUMENT, "%s: %s = %g: %s", fn,
                           hp_names[which], v, why);
   }
-  if (h->step < 0 || h->step > max_steps || h->skipped_steps < 0 ||
-      h->skipped_steps > max_steps)
+  if (h->step < 0 || h->step > MAX_STEPS || h->skipped_steps < 0 ||
+      h->skipped_steps > MAX_STEPS)
     return mtopt__error(ctx, MTOPT_STATUS_INVALID_ARGUMENT,
                         "%s: step %lld, skipped_steps %lld: each must be in [0, 2^62]", fn,
                         (long long)h->step, (long long)h->skipped_steps);

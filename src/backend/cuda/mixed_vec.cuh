@@ -123,8 +123,10 @@ __device__ __forceinline__ void st_weight8(const mtopt__tensor_rec_t &t, int64_t
 }
 
 /* The draws of a group of 8 from element e0 of the tensor (mtopt__draws,
- * element by element): pm one hash each; v one per pair, five pairs when e0
- * is odd, its halves picked by e0's parity (uniform over a chunk). */
+ * element by element): pm one hash each; v one per pair of elements (dtype.h:
+ * mtopt__sr_bits_v), so five pair draws cover the group when e0 is odd. The
+ * pair of element e0 + k is (e0 >> 1) + ((k + odd) >> 1); odd is uniform over
+ * a chunk, so the choice is a select, not a branch. */
 __device__ __forceinline__ void draws8(const mtopt__sr_t &sr, int64_t e0, uint32_t (&pm)[8],
                                        uint32_t (&vv)[8]) {
 #pragma unroll
@@ -134,10 +136,8 @@ __device__ __forceinline__ void draws8(const mtopt__sr_t &sr, int64_t e0, uint32
   for (int j = 0; j < 5; j++) d[j] = mtopt__sr_bits(sr.v, (e0 >> 1) + j);
   const int odd = (int)(e0 & 1);
 #pragma unroll
-  for (int k = 0; k < 8; k++) {
-    const uint32_t pair = odd ? d[(k + 1) >> 1] : d[k >> 1];
-    vv[k] = ((k + odd) & 1) ? pair >> 16 : pair;
-  }
+  for (int k = 0; k < 8; k++)
+    vv[k] = mtopt__sr_half_v(odd ? d[(k + 1) >> 1] : d[k >> 1], e0 + k);
 }
 
 /* One group of 8 at element i of the tensor (16-byte aligned in every array):

@@ -1,5 +1,5 @@
 /*
- * The CUDA kernels of a step, as templates over (pass, kind, mixed). Each
+ * The CUDA kernels of a step, as templates over (pass, kind, flavour). Each
  * pass_*.cu instantiates one kind's (so that the compiler builds them in
  * parallel); step_launch.cu picks one per launch (launch.h).
  *
