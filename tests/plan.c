@@ -13,14 +13,14 @@
  * order, by chunks that never span tensors, of length in [1, chunk_size];
  * first_chunk/num_chunks consistent with the chunk records. */
 static void check_plan(const int64_t *numel, int64_t n, int64_t cs) {
-  const int64_t total = mtopt__chunk_table(numel, n, cs, NULL, NULL, NULL);
+  const int64_t total = mtopt__chunk_table(numel, n, NULL, cs, NULL, NULL, NULL);
   ck_assert_int_ge(total, 0);
   int64_t *first = malloc((size_t)(n + 1) * sizeof *first);
   int64_t *nch = malloc((size_t)(n + 1) * sizeof *nch);
   mtopt__chunk_rec_t *ch = malloc((size_t)(total + 1) * sizeof *ch);
   for (int64_t i = 0; i < n; i++) first[i] = nch[i] = -7;
   memset(ch, 0xA5, (size_t)(total + 1) * sizeof *ch); /* poison */
-  ck_assert_int_eq(mtopt__chunk_table(numel, n, cs, first, nch, ch), total);
+  ck_assert_int_eq(mtopt__chunk_table(numel, n, NULL, cs, first, nch, ch), total);
   int64_t expect_first = 0;
   for (int64_t i = 0; i < n; i++) {
     ck_assert_int_eq(first[i], expect_first);
@@ -53,14 +53,14 @@ START_TEST(test_edges) {
     check_plan(numel, 10, cs);
     /* Counts by hand. */
     int64_t nch[10];
-    ck_assert_int_eq(mtopt__chunk_table(numel, 10, cs, NULL, nch, NULL),
+    ck_assert_int_eq(mtopt__chunk_table(numel, 10, NULL, cs, NULL, nch, NULL),
                      0 + 1 + 1 + 1 + 2 + 0 + 2 + 3 + 1 + 0);
     ck_assert_int_eq(nch[0], 0);
     ck_assert_int_eq(nch[4], 2);
     ck_assert_int_eq(nch[7], 3);
   }
   /* No tensors at all. */
-  ck_assert_int_eq(mtopt__chunk_table(NULL, 0, 64, NULL, NULL, NULL), 0);
+  ck_assert_int_eq(mtopt__chunk_table(NULL, 0, NULL, 64, NULL, NULL, NULL), 0);
 }
 END_TEST
 
@@ -93,7 +93,7 @@ START_TEST(test_huge_tensors) {
   for (size_t k = 0; k < sizeof sizes / sizeof *sizes; k++) {
     const int64_t cs = sizes[k];
     int64_t first[5], nch[5];
-    const int64_t total = mtopt__chunk_table(numel, n, cs, first, nch, NULL);
+    const int64_t total = mtopt__chunk_table(numel, n, NULL, cs, first, nch, NULL);
     int64_t expect = 0;
     for (int64_t i = 0; i < n; i++) {
       const int64_t want = numel[i] / cs + (numel[i] % cs != 0);
@@ -104,7 +104,7 @@ START_TEST(test_huge_tensors) {
     ck_assert_int_eq(total, expect);
     if (total > 50000000) continue; /* chunk records for cs = 4: too many to build */
     mtopt__chunk_rec_t *ch = malloc((size_t)total * sizeof *ch);
-    ck_assert_int_eq(mtopt__chunk_table(numel, n, cs, first, nch, ch), total);
+    ck_assert_int_eq(mtopt__chunk_table(numel, n, NULL, cs, first, nch, ch), total);
     for (int64_t i = 0; i < n; i++) {
       const mtopt__chunk_rec_t *last = &ch[first[i] + nch[i] - 1];
       const int64_t rem = numel[i] % cs;
@@ -123,9 +123,9 @@ START_TEST(test_huge_tensors) {
    * element 2999975936. */
   int64_t nch[1];
   const int64_t three_g[1] = {INT64_C(3000000000)};
-  ck_assert_int_eq(mtopt__chunk_table(three_g, 1, 65536, NULL, nch, NULL), 45777);
+  ck_assert_int_eq(mtopt__chunk_table(three_g, 1, NULL, 65536, NULL, nch, NULL), 45777);
   mtopt__chunk_rec_t *ch = malloc(45777 * sizeof *ch);
-  mtopt__chunk_table(three_g, 1, 65536, NULL, NULL, ch);
+  mtopt__chunk_table(three_g, 1, NULL, 65536, NULL, NULL, ch);
   ck_assert_int_eq(ch[45776].start, INT64_C(2999975936));
   ck_assert_int_eq(ch[45776].len, 3000000000 - 2999975936);
   free(ch);
@@ -134,16 +134,16 @@ END_TEST
 
 START_TEST(test_overflow_and_bad_args) {
   const int64_t big[] = {INT64_MAX, INT64_MAX, INT64_MAX, INT64_MAX, INT64_MAX};
-  ck_assert_int_eq(mtopt__chunk_table(big, 5, 4, NULL, NULL, NULL), -1);
+  ck_assert_int_eq(mtopt__chunk_table(big, 5, NULL, 4, NULL, NULL, NULL), -1);
   const int64_t neg[] = {5, -1};
-  ck_assert_int_eq(mtopt__chunk_table(neg, 2, 4, NULL, NULL, NULL), -1);
+  ck_assert_int_eq(mtopt__chunk_table(neg, 2, NULL, 4, NULL, NULL, NULL), -1);
   const int64_t ok[] = {5};
-  ck_assert_int_eq(mtopt__chunk_table(ok, 1, 0, NULL, NULL, NULL), -1);
-  ck_assert_int_eq(mtopt__chunk_table(ok, 1, -4, NULL, NULL, NULL), -1);
-  ck_assert_int_eq(mtopt__chunk_table(ok, 1, (INT64_C(1) << 31), NULL, NULL, NULL), -1);
-  ck_assert_int_eq(mtopt__chunk_table(ok, -1, 4, NULL, NULL, NULL), -1);
+  ck_assert_int_eq(mtopt__chunk_table(ok, 1, NULL, 0, NULL, NULL, NULL), -1);
+  ck_assert_int_eq(mtopt__chunk_table(ok, 1, NULL, -4, NULL, NULL, NULL), -1);
+  ck_assert_int_eq(mtopt__chunk_table(ok, 1, NULL, (INT64_C(1) << 31), NULL, NULL, NULL), -1);
+  ck_assert_int_eq(mtopt__chunk_table(ok, -1, NULL, 4, NULL, NULL, NULL), -1);
   /* One INT64_MAX alone fits. */
-  ck_assert_int_eq(mtopt__chunk_table(big, 1, 4, NULL, NULL, NULL), INT64_MAX / 4 + 1);
+  ck_assert_int_eq(mtopt__chunk_table(big, 1, NULL, 4, NULL, NULL, NULL), INT64_MAX / 4 + 1);
 }
 END_TEST
 
@@ -196,7 +196,7 @@ START_TEST(test_info_counts) {
   int64_t expect = 0;
   for (int64_t i = 0; i < n; i++) expect += (numel[i] + cs - 1) / cs;
   ck_assert_int_eq(info.num_chunks, expect);
-  ck_assert_int_eq(info.num_chunks, mtopt__chunk_table(numel, n, cs, NULL, NULL, NULL));
+  ck_assert_int_eq(info.num_chunks, mtopt__chunk_table(numel, n, NULL, cs, NULL, NULL, NULL));
   ck_assert_int_eq(info.launches_per_step, c.kind == MTOPT_OPTIMIZER_LAMB ? 2 : 1);
   TU_OK(mtopt_optimizer_destroy(opt));
   TU_OK(mtopt_tensor_list_destroy(list));

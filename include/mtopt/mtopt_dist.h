@@ -17,7 +17,9 @@
  *      leaves each rank).
  *   2. mtopt_comm_create_mpi(ctx, MPI_COMM_WORLD, &cfg, &comm).
  *   3. Describe the tensors with grad == NULL (the library owns the gradient
- *      buffer, so that buckets are contiguous) and call
+ *      buffers, so that buckets are contiguous), in any dtypes the backend
+ *      steps (mtopt.h: F32, F16, BF16 parameters and gradients, masters or
+ *      remainders, F32 or BF16 state, any mix), and call
  *      mtopt_dist_optimizer_create(comm, list, &opt_cfg, &dopt).
  *   4. Each iteration: zero the gradients (mtopt_dist_optimizer_zero_grad),
  *      run backward writing into the views of mtopt_dist_optimizer_get_grad;
@@ -25,14 +27,33 @@
  *      gradients are written (backward produces the last tensors first, and
  *      bucket 0 holds the last tensors), then mtopt_dist_step(dopt).
  *
- * Buckets. Tensors are taken in reverse registration order (the order backward
- * produces gradients) and grouped into buckets: the first holds about
- * first_bucket_bytes, the others about bucket_bytes (a bucket is closed once it
- * reaches the size; a tensor is never split). A bucket is a contiguous range of
- * the gradient buffer covering whole tensors, so that its step is a contiguous
- * range of the chunk table. Each bucket's reduction starts as soon as it is
- * marked ready and every lower-numbered bucket has started (collectives must be
- * issued in the same order on every rank, so bucket b waits for b-1).
+ * Buckets. A bucket holds tensors of one class: one gradient dtype and one
+ * parameter dtype (a collective reduces one dtype, and ZeRO-1 all-gathers
+ * one parameter size). Each class's tensors are taken in reverse
+ * registration order (the order backward produces gradients) and grouped:
+ * the class's first bucket holds about first_bucket_bytes of gradient, the
+ * others about bucket_bytes (a bucket is closed once it reaches the size; a
+ * tensor is never split). Buckets are then numbered in the order backward
+ * completes them: by their lowest tensor index, highest first. In a table of
+ * one class (every tensor F32, or every one BF16) that is the plain reverse
+ * grouping. A bucket is a contiguous range of the gradient buffer of its
+ * dtype covering whole tensors, so that its step is a contiguous range of the
+ * chunk table (the inner optimizer orders its chunks bucket by bucket). Each
+ * bucket's reduction starts as soon as it is marked ready and every
+ * lower-numbered bucket has started (collectives must be issued in the same
+ * order on every rank, so bucket b waits for b-1).
+ *
+ * Reduction in 16 bits. BF16 and F16 buckets are reduced in their dtype, half
+ * the bytes of F32: NCCL with ncclAvg (each rank's value times 1/world, then
+ * summed); MPI, which has no 16-bit float, as 16-bit words under a sum that
+ * adds in float and rounds to nearest even after each addition, then the sum
+ * times (float)(1 / world), rounded. Rounding the sum at every addition costs
+ * about log2(world) bf16 ulps against a sum in fp32: a model that needs the
+ * fp32 sum registers F32 gradients for those tensors (any parameter dtype;
+ * backward then accumulates in fp32 too). The statistics (global norm,
+ * non-finite count) are taken from the averaged gradient in its dtype, the
+ * same on every rank, so clipping, skipping and the dynamic loss scale agree
+ * everywhere.
  *
  * The epilogue. zero_stage 0: each bucket is all-reduced and averaged (sum,
  * then times 1/world); without clipping, loss scaling or skip_nonfinite, its
@@ -43,9 +64,21 @@
  * zero_stage 1: each bucket is reduce-scattered (each rank receives the
  * averaged gradient of its 1/world slice), each rank steps only the parameters
  * of its slices (it keeps optimizer state for about 1/world of the elements),
- * then the weights are all-gathered. Clipping and loss scaling work (the global
- * norm is the all-reduced sum of the ranks' partial sums); LAMB is NOT_SUPPORTED
- * (its per-tensor norms would need another collective per step).
+ * then the weights are all-gathered in the parameters' dtype (16-bit weights:
+ * half the bytes of F32). Each rank keeps the master weights (or remainders)
+ * and the state of its slices only. Without statistics, each bucket's
+ * all-gather starts as soon as its update is enqueued (CPU: done), so it
+ * overlaps the next buckets' reductions and updates; with them (clipping,
+ * loss scaling, skip_nonfinite: the global norm is the all-reduced sum of the
+ * ranks' partial sums, so no update can start before every reduction has
+ * landed), the updates run bucket by bucket after the statistics, each
+ * bucket's all-gather behind its update. Stochastic rounding draws as one
+ * process would (keyed on the tensor as registered and the element within
+ * it), so ZeRO-1 rounds to the same bits at any world size. LAMB is
+ * NOT_SUPPORTED with ZeRO-1: its trust ratio needs each tensor's weight and
+ * update norms between its two passes, and a tensor's elements are spread
+ * over ranks, so every step would need one more all-reduce of two sums per
+ * tensor between the passes (not built; use zero_stage 0).
  *
  * Faults. Every collective is checked; one that fails or does not finish
  * within timeout_ms returns COMM_ERROR with the MPI or NCCL text, and the
@@ -179,7 +212,8 @@ MTOPT_API mtopt_status_t mtopt_comm_get_sm_split(const mtopt_comm_t *comm, int *
  * over the communicator. Freezes the list.
  * Errors: INVALID_ARGUMENT (a tensor with its own gradient, bad config, plan
  * differs between ranks: every rank returns it, and the message names the first
- * difference), NOT_SUPPORTED (LAMB with zero_stage 1), OUT_OF_MEMORY,
+ * difference), NOT_SUPPORTED (LAMB with zero_stage 1; dtypes the backend does
+ * not step), OUT_OF_MEMORY,
  * COMM_ERROR (a rank did not join within timeout_ms), as
  * mtopt_optimizer_create otherwise. */
 MTOPT_API mtopt_status_t mtopt_dist_optimizer_create(mtopt_comm_t *comm,
@@ -196,27 +230,40 @@ MTOPT_API mtopt_status_t mtopt_dist_optimizer_destroy(mtopt_dist_optimizer_t *do
  * it: step with mtopt_dist_step. */
 MTOPT_API mtopt_status_t mtopt_dist_optimizer_get_optimizer(mtopt_dist_optimizer_t *dopt,
                                                             mtopt_optimizer_t **opt);
-/* A list tensor's gradient view (numel floats in the context's memory), for
- * both stages. */
+/* A list tensor's gradient view (numel elements of its grad_dtype in the
+ * context's memory), for both stages. */
 MTOPT_API mtopt_status_t mtopt_dist_optimizer_get_grad(mtopt_dist_optimizer_t *dopt,
                                                        int64_t tensor, void **ptr);
-/* The whole gradient buffer (bucket offsets index it). With zero_stage 1 it
- * is also the all-gather staging area: after mtopt_dist_step its contents are
- * undefined, so zero it before accumulating the next gradients. */
+/* The whole gradient buffer of one dtype (the offsets of that dtype's
+ * buckets index it; NULL and 0 where no tensor has gradients of it). With
+ * zero_stage 1 it is also the all-gather staging area: after mtopt_dist_step
+ * its contents are undefined, so zero it before accumulating the next
+ * gradients. Errors: INVALID_ARGUMENT (NULL pointer, not F32/F16/BF16). */
+MTOPT_API mtopt_status_t mtopt_dist_optimizer_get_grad_buffer_dtype(mtopt_dist_optimizer_t *dopt,
+                                                                    mtopt_dtype_t dtype,
+                                                                    void **ptr, int64_t *numel);
+/* The same where the gradients have one dtype; INVALID_USAGE where they
+ * have several (use _dtype). */
 MTOPT_API mtopt_status_t mtopt_dist_optimizer_get_grad_buffer(mtopt_dist_optimizer_t *dopt,
                                                               void **ptr, int64_t *numel);
 MTOPT_API mtopt_status_t mtopt_dist_optimizer_zero_grad(mtopt_dist_optimizer_t *dopt);
 
-/* The bucket plan. Bucket b covers list tensors [first_tensor,
- * first_tensor + num_tensors) (registration indices; bucket 0 holds the last
- * tensors) and elements [offset, offset + numel) of the gradient buffer
- * (numel counts alignment padding, and with zero_stage 1 the padding that
- * makes it a multiple of the world size). */
+/* The bucket plan. Bucket b holds the tensors of its class (see "Buckets")
+ * among list tensors [first_tensor, first_tensor + num_tensors)
+ * (registration indices; bucket 0 holds the last tensors) and covers
+ * elements [offset, offset + numel) of the gradient buffer of its gradient
+ * dtype (numel counts alignment padding, and with zero_stage 1 the padding
+ * that makes it a multiple of 8 times the world size). */
 MTOPT_API mtopt_status_t mtopt_dist_get_bucket_count(const mtopt_dist_optimizer_t *dopt,
                                                      int *count);
 MTOPT_API mtopt_status_t mtopt_dist_get_bucket(const mtopt_dist_optimizer_t *dopt, int bucket,
                                                int64_t *first_tensor, int64_t *num_tensors,
                                                int64_t *offset, int64_t *numel);
+/* Bucket b's class: the dtypes of its tensors' gradients and parameters
+ * (either pointer may be NULL). */
+MTOPT_API mtopt_status_t mtopt_dist_get_bucket_dtype(const mtopt_dist_optimizer_t *dopt,
+                                                     int bucket, mtopt_dtype_t *grad_dtype,
+                                                     mtopt_dtype_t *param_dtype);
 /* The bucket holding a list tensor. */
 MTOPT_API mtopt_status_t mtopt_dist_get_tensor_bucket(const mtopt_dist_optimizer_t *dopt,
                                                       int64_t tensor, int *bucket);
@@ -238,6 +285,45 @@ MTOPT_API mtopt_status_t mtopt_dist_step(mtopt_dist_optimizer_t *dopt);
 /* Waits for the communication and the step (CUDA), at most timeout_ms, and
  * reports asynchronous NCCL errors. A no-op on the CPU. */
 MTOPT_API mtopt_status_t mtopt_dist_synchronize(mtopt_dist_optimizer_t *dopt);
+
+/* Checkpoints (the core's format, mtopt_optimizer_save). zero_stage 0: every
+ * rank holds the same state; rank 0 writes `path`, and a load reads `path`
+ * on every rank (a file system every rank sees). zero_stage 1: each rank
+ * writes its shard (its slices' weights, masters and state, the step
+ * scalars) to "<path>.rank<r>-of-<world>", and a load, on the same world
+ * size, bucket sizes and tensors, reads each rank's own file, then
+ * all-gathers the weights. Collective, between steps (after
+ * mtopt_dist_synchronize on CUDA for save to see the last step). Every rank
+ * returns the same verdict: a rank whose own call failed returns its error,
+ * the others the same status naming that rank. Load writes nothing on any
+ * rank unless every rank's file verified (checksum, layout, scalars) and all
+ * are of the same step. A save that fails on some rank leaves an incomplete
+ * set (each file is written atomically, but not the set): keep the previous
+ * checkpoint under another path until save returns SUCCESS.
+ * Errors: INVALID_ARGUMENT (NULL argument; a file of another layout or of
+ * another step than its peers), IO_ERROR, NOT_SUPPORTED, OUT_OF_MEMORY, as
+ * mtopt_optimizer_save / _load; COMM_ERROR. */
+MTOPT_API mtopt_status_t mtopt_dist_optimizer_save(mtopt_dist_optimizer_t *dopt, const char *path);
+MTOPT_API mtopt_status_t mtopt_dist_optimizer_load(mtopt_dist_optimizer_t *dopt, const char *path);
+
+/* Memory a distributed optimizer owns on this rank, in bytes, for the model
+ * of `params` elements: the inner optimizer's state and master weights (with
+ * ZeRO-1 about 1/world of plain data parallel's), the gradient buffers, and
+ * (ZeRO-1) the shard of reduced gradients and the staging of weights wider
+ * than their gradients. Local. Errors: INVALID_ARGUMENT (NULL, or a
+ * struct_size too small). */
+typedef struct {
+  size_t struct_size;  /* sizeof(mtopt_dist_memory_t) */
+  int64_t params;      /* elements of the list's tensors */
+  int64_t state_bytes; /* moments (or momentum buffers) and master weights */
+  int64_t grad_bytes;  /* the gradient buffers */
+  int64_t shard_bytes; /* ZeRO-1: reduced slices and wide staging */
+} mtopt_dist_memory_t;
+
+#define MTOPT_DIST_MEMORY_INIT {sizeof(mtopt_dist_memory_t), 0, 0, 0, 0}
+
+MTOPT_API mtopt_status_t mtopt_dist_optimizer_get_memory(const mtopt_dist_optimizer_t *dopt,
+                                                         mtopt_dist_memory_t *mem);
 
 #ifdef __cplusplus
 }

@@ -20,6 +20,7 @@
 #define MTOPT__DT_F32 0
 #define MTOPT__DT_F16 1
 #define MTOPT__DT_BF16 2
+#define MTOPT__NUM_DTYPES 3
 
 MTOPT_HD int mtopt__dt_size(int dt) { return dt == MTOPT__DT_F32 ? 4 : 2; }
 

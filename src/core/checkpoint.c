@@ -453,57 +453,40 @@ static mtopt_status_t check_layout(mtopt_optimizer_t *opt, const char *fn, const
 
 /* Load reads and verifies the whole file into host memory before it writes
  * anything, so a bad file changes nothing. */
-mtopt_status_t mtopt_optimizer_load(mtopt_optimizer_t *opt, const char *path) {
-  static const char fn[] = "mtopt_optimizer_load";
-  if (!opt || !path)
-    return mtopt__error(opt ? opt->ctx : NULL, MTOPT_STATUS_INVALID_ARGUMENT, "%s: %s is NULL",
-                        fn, opt ? "path" : "opt");
+/* What load verified, to apply once it is agreed. */
+typedef struct {
+  mtopt__hyper_t hh;
+  groups_t groups;
+  const unsigned char *src; /* the tensors' bytes */
+} verified_t;
+
+/* Reads and verifies the file into data (at most cap bytes): integrity,
+ * then the layout, the scalars and the groups; nothing is written. */
+static mtopt_status_t verify(mtopt_optimizer_t *opt, const char *fn, const char *path, FILE *f,
+                             unsigned char *data, size_t cap, verified_t *v) {
   mtopt_context_t *ctx = opt->ctx;
-  FILE *f = fopen(path, "rb");
-  if (!f)
-    return mtopt__error(ctx, MTOPT_STATUS_IO_ERROR, "%s: cannot open '%s': %s", fn, path,
-                        strerror(errno));
-  mtopt_status_t st = MTOPT_STATUS_SUCCESS;
-  /* The largest file this optimizer could load: bytes past it are read
-   * through the checksum only. */
-  size_t largest;
-  const size_t cap = prefix_bytes(CKPT_FORMAT, opt->plan.num_tensors) +
-                     (size_t)payload_bytes(opt, &largest) + sizeof(uint32_t);
-  unsigned char *data = malloc(cap);
   crc_lag_t lag = {0, {0}, 0, 0};
-  if (!data) {
-    st = mtopt__error(ctx, MTOPT_STATUS_OUT_OF_MEMORY, "%s: host allocation failed", fn);
-    goto done;
-  }
   /* Integrity first: the magic (before reading what may be a large file of
    * something else), the length, the checksum. */
   const size_t got = fread(data, 1, 8, f);
   lag_feed(&lag, data, got);
-  if (got != 8 || memcmp(data, CKPT_MAGIC, 8) != 0) {
-    st = mtopt__error(ctx, MTOPT_STATUS_IO_ERROR, "%s: '%s' is not an mtopt checkpoint", fn,
-                      path);
-    goto done;
-  }
-  if (!read_all(f, data, cap, &lag)) {
-    st = mtopt__error(ctx, MTOPT_STATUS_IO_ERROR, "%s: reading '%s' failed: %s", fn, path,
-                      strerror(errno));
-    goto done;
-  }
+  if (got != 8 || memcmp(data, CKPT_MAGIC, 8) != 0)
+    return mtopt__error(ctx, MTOPT_STATUS_IO_ERROR, "%s: '%s' is not an mtopt checkpoint", fn,
+                        path);
+  if (!read_all(f, data, cap, &lag))
+    return mtopt__error(ctx, MTOPT_STATUS_IO_ERROR, "%s: reading '%s' failed: %s", fn, path,
+                        strerror(errno));
   uint32_t crc_file;
   memcpy(&crc_file, lag.tail, sizeof crc_file);
-  if (lag.total < sizeof(header_t) + sizeof crc_file) {
-    st = mtopt__error(ctx, MTOPT_STATUS_IO_ERROR, "%s: '%s' is truncated", fn, path);
-    goto done;
-  }
-  if (crc_file != lag.crc) {
-    st = mtopt__error(ctx, MTOPT_STATUS_IO_ERROR,
-                      "%s: '%s' fails its checksum (corrupt or truncated)", fn, path);
-    goto done;
-  }
+  if (lag.total < sizeof(header_t) + sizeof crc_file)
+    return mtopt__error(ctx, MTOPT_STATUS_IO_ERROR, "%s: '%s' is truncated", fn, path);
+  if (crc_file != lag.crc)
+    return mtopt__error(ctx, MTOPT_STATUS_IO_ERROR,
+                        "%s: '%s' fails its checksum (corrupt or truncated)", fn, path);
   header_t hd;
   ext_t ext = {0, 0, 0, 0, 0u};
   memcpy(&hd, data, sizeof hd);
-  CHECK_GOTO(check_layout(opt, fn, path, data, lag.total, &hd, &ext), st, done);
+  CHECK(check_layout(opt, fn, path, data, lag.total, &hd, &ext));
   mtopt__hyper_t hh = opt->hyper_host;
   hh.lr = hd.lr, hh.beta1 = hd.beta1, hh.beta2 = hd.beta2, hh.eps = hd.eps;
   hh.weight_decay = hd.weight_decay, hh.momentum = hd.momentum, hh.dampening = hd.dampening;
@@ -512,36 +495,69 @@ mtopt_status_t mtopt_optimizer_load(mtopt_optimizer_t *opt, const char *path) {
   hh.loss_scale = hd.loss_scale, hh.growth_tracker = hd.growth_tracker;
   hh.last_grad_norm = NAN, hh.last_skipped = 0;
   hh.seed = ext.seed;
-  CHECK_GOTO(mtopt__check_loaded_hyper(ctx, fn, &opt->config, &hh), st, done);
-  groups_t groups;
-  memcpy(groups.g, opt->groups_host, sizeof groups.g);
-  if (hd.format >= 4u) memcpy(&groups, data + sizeof hd + sizeof ext, sizeof groups);
+  CHECK(mtopt__check_loaded_hyper(ctx, fn, &opt->config, &hh));
+  memcpy(v->groups.g, opt->groups_host, sizeof v->groups.g);
+  if (hd.format >= 4u) memcpy(&v->groups, data + sizeof hd + sizeof ext, sizeof v->groups);
   for (int32_t g = 0; g < MTOPT_MAX_GROUPS; g++)
-    CHECK_GOTO(mtopt__check_group(ctx, fn, g, groups.g[g].lr_mult, groups.g[g].wd_mult), st,
-               done);
+    CHECK(mtopt__check_group(ctx, fn, g, v->groups.g[g].lr_mult, v->groups.g[g].wd_mult));
+  v->hh = hh;
+  v->src = data + prefix_bytes(hd.format, opt->plan.num_tensors);
+  return MTOPT_STATUS_SUCCESS;
+}
 
-  /* Verified: now write parameters, state and scalars, after any step still
-   * in flight. */
-  CHECK_GOTO(ctx->ops->synchronize(ctx), st, done);
-  const unsigned char *src = data + prefix_bytes(hd.format, opt->plan.num_tensors);
+/* Writes what verify read: parameters, state and scalars, after any step
+ * still in flight. */
+static mtopt_status_t apply(mtopt_optimizer_t *opt, const verified_t *v) {
+  mtopt_context_t *ctx = opt->ctx;
+  CHECK(ctx->ops->synchronize(ctx));
+  const unsigned char *src = v->src;
   for (int64_t i = 0; i < opt->plan.num_tensors; i++) {
     const mtopt__tensor_rec_t *t = &opt->tensors_host[i];
     if (t->numel == 0) continue;
     span_t bufs[4];
     const int k = tensor_buffers(opt, t, bufs);
     for (int b = 0; b < k; b++) {
-      CHECK_GOTO(ctx->ops->upload(ctx, bufs[b].ptr, src, bufs[b].bytes), st, done);
+      CHECK(ctx->ops->upload(ctx, bufs[b].ptr, src, bufs[b].bytes));
       src += bufs[b].bytes;
     }
   }
-  CHECK_GOTO(ctx->ops->upload(ctx, opt->plan.hyper, &hh, sizeof hh), st, done);
-  opt->hyper_host = hh;
-  CHECK_GOTO(ctx->ops->upload(ctx, (void *)opt->plan.groups, groups.g, sizeof groups.g), st,
-             done);
-  memcpy(opt->groups_host, groups.g, sizeof groups.g);
+  CHECK(ctx->ops->upload(ctx, opt->plan.hyper, &v->hh, sizeof v->hh));
+  opt->hyper_host = v->hh;
+  CHECK(ctx->ops->upload(ctx, (void *)opt->plan.groups, v->groups.g, sizeof v->groups.g));
+  memcpy(opt->groups_host, v->groups.g, sizeof v->groups.g);
+  return MTOPT_STATUS_SUCCESS;
+}
 
-done:
-  fclose(f);
+mtopt_status_t mtopt__optimizer_load_agreed(mtopt_optimizer_t *opt, const char *fn,
+                                            const char *path, mtopt__agree_fn agree, void *arg) {
+  mtopt_context_t *ctx = opt->ctx;
+  mtopt_status_t st = MTOPT_STATUS_SUCCESS;
+  /* The largest file this optimizer could load: bytes past it are read
+   * through the checksum only. */
+  size_t largest;
+  const size_t cap = prefix_bytes(CKPT_FORMAT, opt->plan.num_tensors) +
+                     (size_t)payload_bytes(opt, &largest) + sizeof(uint32_t);
+  unsigned char *data = NULL;
+  FILE *f = fopen(path, "rb");
+  if (!f)
+    st = mtopt__error(ctx, MTOPT_STATUS_IO_ERROR, "%s: cannot open '%s': %s", fn, path,
+                      strerror(errno));
+  if (st == MTOPT_STATUS_SUCCESS && !(data = malloc(cap)))
+    st = mtopt__error(ctx, MTOPT_STATUS_OUT_OF_MEMORY, "%s: host allocation failed", fn);
+  verified_t v;
+  memset(&v, 0, sizeof v);
+  if (st == MTOPT_STATUS_SUCCESS) st = verify(opt, fn, path, f, data, cap, &v);
+  if (agree) st = agree(arg, st, st == MTOPT_STATUS_SUCCESS ? v.hh.step : -1);
+  if (st == MTOPT_STATUS_SUCCESS) st = apply(opt, &v);
+  if (f) fclose(f);
   free(data);
   return st;
+}
+
+mtopt_status_t mtopt_optimizer_load(mtopt_optimizer_t *opt, const char *path) {
+  static const char fn[] = "mtopt_optimizer_load";
+  if (!opt || !path)
+    return mtopt__error(opt ? opt->ctx : NULL, MTOPT_STATUS_INVALID_ARGUMENT, "%s: %s is NULL",
+                        fn, opt ? "path" : "opt");
+  return mtopt__optimizer_load_agreed(opt, fn, path, NULL, NULL);
 }

@@ -1,14 +1,17 @@
 /* The chunk table: cuts every tensor into chunks of at most chunk_size
  * elements. A chunk never spans tensors; empty tensors get no chunk. The table
- * is built once per optimizer, so a step needs no host work per tensor. */
+ * is built once per optimizer, so a step needs no host work per tensor. The
+ * tensors' chunks follow `order` (the distributed layer's buckets: each one a
+ * contiguous chunk range), registration order without one. */
 #include "core.h"
 
-int64_t mtopt__chunk_table(const int64_t *numel, int64_t n, int64_t chunk_size,
-                           int64_t *first_chunk, int64_t *num_chunks,
+int64_t mtopt__chunk_table(const int64_t *numel, int64_t n, const int64_t *order,
+                           int64_t chunk_size, int64_t *first_chunk, int64_t *num_chunks,
                            mtopt__chunk_rec_t *chunks) {
   if (chunk_size <= 0 || chunk_size > INT32_MAX || n < 0) return -1;
   int64_t total = 0;
-  for (int64_t i = 0; i < n; i++) {
+  for (int64_t j = 0; j < n; j++) {
+    const int64_t i = order ? order[j] : j;
     if (numel[i] < 0) return -1;
     /* Ceil division without overflow of numel + chunk_size. */
     const int64_t k = numel[i] / chunk_size + (numel[i] % chunk_size != 0);

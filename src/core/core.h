@@ -13,8 +13,6 @@
 #include "../common/step_math.h"
 #include "internal_api.h"
 
-#define MTOPT__NUM_DTYPES 3
-
 struct mtopt_context {
   mtopt_backend_t backend;
   int device;
@@ -65,12 +63,14 @@ typedef struct {
   int64_t grads[MTOPT__NUM_DTYPES];
 } mtopt__layout_t;
 
-/* Lays out the state slab and the gradient buffers for the list's tensors.
- * With slab/grads NULL it only counts (size); with them it also writes the
- * records' pointers, dtypes and keys into recs (whose first_chunk/num_chunks
- * are already set). */
+/* Lays out the state slab and the gradient buffers for the list's tensors,
+ * taken in `order` (a permutation of their indices; NULL: registration
+ * order), the order of the chunk table. With slab/grads NULL it only counts
+ * (size); with them it also writes the records' pointers, dtypes and keys
+ * into recs (whose first_chunk/num_chunks are already set). */
 MTOPT__HIDDEN void mtopt__layout(const mtopt_tensor_list_t *list,
-                                 const mtopt_optimizer_config_t *c, int nstate, char *slab,
+                                 const mtopt_optimizer_config_t *c, int nstate,
+                                 const int64_t *order, char *slab,
                                  char *const grads[MTOPT__NUM_DTYPES],
                                  mtopt__tensor_rec_t *recs, mtopt__layout_t *size);
 /* The master mode of a tensor of this param dtype (F32 params: none). */
@@ -78,11 +78,12 @@ MTOPT__HIDDEN int mtopt__master_mode(const mtopt_optimizer_config_t *c,
                                      mtopt_dtype_t param_dtype);
 
 /* The chunk table: tensors of numel[i] elements cut into chunks of at most
- * chunk_size. Writes first_chunk/num_chunks per tensor and the chunk records
+ * chunk_size, tensor order[0] first (NULL: index order). Writes first_chunk/num_chunks per tensor and the chunk records
  * (chunks may be NULL to only count). Returns the chunk count, or -1 if it
  * would overflow. Pure, so tests can plan tensors of 2^31+ elements without
  * allocating them. */
-MTOPT__HIDDEN int64_t mtopt__chunk_table(const int64_t *numel, int64_t n, int64_t chunk_size,
+MTOPT__HIDDEN int64_t mtopt__chunk_table(const int64_t *numel, int64_t n,
+                                         const int64_t *order, int64_t chunk_size,
                                          int64_t *first_chunk, int64_t *num_chunks,
                                          mtopt__chunk_rec_t *chunks);
 

@@ -61,6 +61,16 @@ typedef struct {
    * mtopt__optimizer_finish_stats. mtopt_optimizer_step on such an optimizer
    * finishes its statistics locally. */
   int defer_stats;
+  /* The order of the chunk table and of the library's buffers: a
+   * permutation of the list's indices, or NULL for registration order. The
+   * distributed layer makes each bucket a contiguous range of chunks with it.
+   * Tensor indices (every accessor, the checkpoint) stay the list's. */
+  const int64_t *order;
+  /* Stochastic rounding keys (plan.h, sr_tensor / sr_elem0) per tensor, or
+   * NULL for (index, 0): ZeRO-1's pieces round as the tensors they are
+   * part of, so that sharding does not change the bits. */
+  const int32_t *sr_tensor;
+  const int64_t *sr_elem0;
 } mtopt__optimizer_options_t;
 
 MTOPT__INTERNAL mtopt_status_t mtopt__optimizer_create(mtopt_context_t *ctx,
@@ -88,6 +98,17 @@ MTOPT__INTERNAL mtopt_status_t mtopt__optimizer_reset_pass(mtopt_optimizer_t *op
 /* Gives up the gradient buffer: destroy then leaves it allocated (for memory
  * that a collective which never finished may still write). */
 MTOPT__INTERNAL void mtopt__optimizer_detach_grads(mtopt_optimizer_t *opt);
+
+/* mtopt_optimizer_load with a say from other processes: after the file is
+ * read and verified (nothing written yet), agree(arg, st, step) is called
+ * exactly once with the local status and the file's step count (-1 on
+ * failure; it is called then too, and may be collective), and returns the
+ * status to go on with; the file is applied only if that is SUCCESS. fn
+ * names the caller in messages. agree NULL: the plain load. */
+typedef mtopt_status_t (*mtopt__agree_fn)(void *arg, mtopt_status_t local, int64_t step);
+MTOPT__INTERNAL mtopt_status_t mtopt__optimizer_load_agreed(mtopt_optimizer_t *opt,
+                                                            const char *fn, const char *path,
+                                                            mtopt__agree_fn agree, void *arg);
 
 /* Layout rule of the state slab and of every gradient buffer: a tensor's
  * state (and gradient view) has the same address residue mod 16 bytes as its

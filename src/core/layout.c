@@ -34,11 +34,13 @@ static int master_bytes(int mode) {
 }
 
 void mtopt__layout(const mtopt_tensor_list_t *list, const mtopt_optimizer_config_t *c,
-                   int nstate, char *slab, char *const grads[MTOPT__NUM_DTYPES],
-                   mtopt__tensor_rec_t *recs, mtopt__layout_t *size) {
+                   int nstate, const int64_t *order, char *slab,
+                   char *const grads[MTOPT__NUM_DTYPES], mtopt__tensor_rec_t *recs,
+                   mtopt__layout_t *size) {
   const int se = mtopt__dt_size(c->state_dtype);
   int64_t soff = 0, goff[MTOPT__NUM_DTYPES] = {0, 0, 0};
-  for (int64_t i = 0; i < list->count; i++) {
+  for (int64_t j = 0; j < list->count; j++) {
+    const int64_t i = order ? order[j] : j;
     const mtopt_tensor_desc_t *d = &list->items[i].desc;
     const int pe = mtopt__dt_size(d->param_dtype), ge = mtopt__dt_size(d->grad_dtype);
     const int mode = mtopt__master_mode(c, d->param_dtype);

@@ -226,7 +226,7 @@ mtopt_status_t mtopt__optimizer_create(mtopt_context_t *ctx, mtopt_tensor_list_t
   const mtopt_optimizer_config_t *c = &opt->config;
 
   for (int64_t i = 0; i < n; i++) numel[i] = list->items[i].desc.numel;
-  const int64_t nchunks = mtopt__chunk_table(numel, n, c->chunk_size, first, nch, NULL);
+  const int64_t nchunks = mtopt__chunk_table(numel, n, options->order, c->chunk_size, first, nch, NULL);
   if (nchunks < 0 || nchunks > INT32_MAX) {
     st = mtopt__error(ctx, MTOPT_STATUS_INVALID_ARGUMENT,
                       "%s: the tensors need more than 2^31 chunks of %lld elements; "
@@ -239,7 +239,7 @@ mtopt_status_t mtopt__optimizer_create(mtopt_context_t *ctx, mtopt_tensor_list_t
     st = mtopt__error(ctx, MTOPT_STATUS_OUT_OF_MEMORY, "%s: host allocation failed", fn);
     goto fail;
   }
-  mtopt__chunk_table(numel, n, c->chunk_size, first, nch, chunks);
+  mtopt__chunk_table(numel, n, options->order, c->chunk_size, first, nch, chunks);
 
   /* The records: chunk facts first, then (mtopt__layout) the library's
    * arrays, counted, allocated, placed. */
@@ -264,7 +264,7 @@ mtopt_status_t mtopt__optimizer_create(mtopt_context_t *ctx, mtopt_tensor_list_t
     goto fail;
   }
   mtopt__layout_t size;
-  mtopt__layout(list, c, nstate, NULL, NULL, NULL, &size);
+  mtopt__layout(list, c, nstate, options->order, NULL, NULL, NULL, &size);
   opt->state_bytes = size.slab;
 
   const int lamb = c->kind == MTOPT_OPTIMIZER_LAMB;
@@ -280,7 +280,13 @@ mtopt_status_t mtopt__optimizer_create(mtopt_context_t *ctx, mtopt_tensor_list_t
   }
   char *gbufs[MTOPT__NUM_DTYPES];
   for (int k = 0; k < MTOPT__NUM_DTYPES; k++) gbufs[k] = opt->dev_grads[k];
-  mtopt__layout(list, c, nstate, opt->dev_state, gbufs, opt->tensors_host, &size);
+  mtopt__layout(list, c, nstate, options->order, opt->dev_state, gbufs, opt->tensors_host,
+                &size);
+  if (options->sr_tensor)
+    for (int64_t i = 0; i < n; i++) {
+      opt->tensors_host[i].sr_tensor = options->sr_tensor[i];
+      opt->tensors_host[i].sr_elem0 = options->sr_elem0[i];
+    }
   CHECK_GOTO(init_masters(opt), st, fail);
   mtopt__init_hyper(&opt->hyper_host, c);
 

@@ -33,13 +33,17 @@ struct mtopt_dist_optimizer {
   mtopt_optimizer_config_t config; /* as read at create */
   int zero;
   mtopt__bucket_layout_t lay; /* buckets, offsets, segments, pieces */
-  float **param;              /* per list tensor */
-  float *gbuf;  /* the gradient buffer (ZeRO-1: ours; else the inner one's) */
-  float *shard; /* ZeRO-1: this rank's reduced slices */
+  char **param;               /* per list tensor */
+  /* The gradient buffers, one per gradient dtype (MTOPT__DT_*; NULL where
+   * no tensor has it): ZeRO-1, ours; else the inner optimizer's. */
+  char *gbuf[MTOPT__NUM_DTYPES];
+  char *shard; /* ZeRO-1: this rank's reduced slices */
+  char *wide;  /* ZeRO-1: staging of weights wider than their gradients */
   /* one step */
   unsigned char *marked;
   int next_start; /* buckets [0, next_start) issued */
   int next_done;  /* segments [0, next_done) stepped */
+  int next_back;   /* ZeRO-1: buckets [0, next_back) copied back */
   /* Slots [0, lay.ns): the segments' reductions; [lay.ns, lay.ns + lay.nb):
    * the buckets' all-gathers (ZeRO-1). */
   mtopt__transport_slots_t *slots;
@@ -58,6 +62,10 @@ MTOPT__HIDDEN mtopt_status_t mtopt__dist_check_bucket(const mtopt_dist_optimizer
  * on every rank, naming the first difference, where they disagree. */
 MTOPT__HIDDEN mtopt_status_t mtopt__dist_rank_agreement(mtopt_dist_optimizer_t *d,
                                                         const char *fn);
+
+/* ZeRO-1: every rank's pieces of the weights to every rank (epilogue.c), as
+ * after a step: load's last act. */
+MTOPT__HIDDEN mtopt_status_t mtopt__dist_gather_weights(mtopt_dist_optimizer_t *d);
 
 /* ---- hooks of the tests and the benchmark ---- */
 

@@ -5,6 +5,7 @@
  * epilogue.c's. */
 #include <limits.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "dist_internal.h"
 
@@ -14,8 +15,10 @@ static void dist_free(mtopt_dist_optimizer_t *d) {
   mtopt_context_t *ctx = d->ctx;
   if (d->opt) mtopt_optimizer_destroy(d->opt);
   if (d->shard_list) mtopt_tensor_list_destroy(d->shard_list);
-  if (d->zero) mtopt__context_free(ctx, d->gbuf);
+  if (d->zero)
+    for (int dt = 0; dt < MTOPT__NUM_DTYPES; dt++) mtopt__context_free(ctx, d->gbuf[dt]);
   mtopt__context_free(ctx, d->shard);
+  mtopt__context_free(ctx, d->wide);
   if (d->slots) d->ops->slots_destroy(d->slots);
   mtopt__bucket_layout_free(&d->lay);
   free(d->param);
@@ -38,45 +41,71 @@ static mtopt_status_t chunk_facts(mtopt_dist_optimizer_t *d, const char *fn, int
   return MTOPT_STATUS_SUCCESS;
 }
 
+/* Backend memory of `bytes` (none for 0). */
+static mtopt_status_t alloc_bytes(mtopt_context_t *ctx, int64_t bytes, char **out) {
+  return bytes > 0 ? mtopt__context_alloc(ctx, (size_t)bytes, (void **)out) : MTOPT_STATUS_SUCCESS;
+}
+
 /* ZeRO-1: the buffers of the layout, and this rank's pieces as the inner
- * optimizer's tensors (their gradients in the shard buffer). */
-static mtopt_status_t build_zero1(mtopt_dist_optimizer_t *d) {
+ * optimizer's tensors (their gradients in the shard buffer), rounding
+ * stochastically as the tensors they are part of. */
+static mtopt_status_t build_zero1(mtopt_dist_optimizer_t *d, const char *fn) {
   mtopt_context_t *ctx = d->ctx;
   const mtopt__bucket_layout_t *L = &d->lay;
-  if (L->gbuf_numel > 0)
-    CHECK(mtopt__context_alloc(ctx, (size_t)L->gbuf_numel * sizeof(float), (void **)&d->gbuf));
-  if (L->shard_numel > 0)
-    CHECK(mtopt__context_alloc(ctx, (size_t)L->shard_numel * sizeof(float), (void **)&d->shard));
+  for (int dt = 0; dt < MTOPT__NUM_DTYPES; dt++)
+    CHECK(alloc_bytes(ctx, L->gbuf_numel[dt] * mtopt__dt_size(dt), &d->gbuf[dt]));
+  CHECK(alloc_bytes(ctx, L->shard_bytes, &d->shard));
+  CHECK(alloc_bytes(ctx, L->wide_bytes, &d->wide));
   CHECK(mtopt_tensor_list_create(ctx, &d->shard_list));
   mtopt__tensor_list_copy_groups(d->shard_list, d->list);
-  for (int64_t p = 0; p < L->npieces; p++) {
+  const size_t np1 = (size_t)(L->npieces > 0 ? L->npieces : 1);
+  int32_t *sr_tensor = malloc(np1 * sizeof *sr_tensor);
+  int64_t *sr_elem0 = malloc(np1 * sizeof *sr_elem0);
+  mtopt_status_t st = MTOPT_STATUS_SUCCESS;
+  if (!sr_tensor || !sr_elem0)
+    st = mtopt__error(ctx, MTOPT_STATUS_OUT_OF_MEMORY, "%s: malloc failed", fn);
+  for (int64_t p = 0; p < L->npieces && st == MTOPT_STATUS_SUCCESS; p++) {
     const mtopt__piece_t *q = &L->pieces[p];
     mtopt_tensor_desc_t desc = *mtopt__tensor_list_desc(d->list, q->tensor);
     desc.struct_size = sizeof desc;
-    desc.param = d->param[q->tensor] + q->start;
+    desc.param = d->param[q->tensor] + q->start * mtopt__dt_size(desc.param_dtype);
     desc.grad = d->shard + q->shard_pos;
     desc.numel = q->len;
-    CHECK(mtopt_tensor_list_add(d->shard_list, &desc, NULL));
+    sr_tensor[p] = (int32_t)q->tensor;
+    sr_elem0[p] = q->start;
+    st = mtopt_tensor_list_add(d->shard_list, &desc, NULL);
   }
   /* Each rank holds a shard: the global norm needs every rank's sums. */
-  const mtopt__optimizer_options_t shard = {.defer_stats = 1};
-  return mtopt__optimizer_create(ctx, d->shard_list, &d->config, &shard, &d->opt);
+  const mtopt__optimizer_options_t shard = {
+      .defer_stats = 1, .sr_tensor = sr_tensor, .sr_elem0 = sr_elem0};
+  if (st == MTOPT_STATUS_SUCCESS)
+    st = mtopt__optimizer_create(ctx, d->shard_list, &d->config, &shard, &d->opt);
+  free(sr_tensor);
+  free(sr_elem0);
+  return st;
 }
 
-/* zero_stage 0: the inner optimizer owns the buffer (registration order, with
- * alignment padding); the layout takes its offsets. */
+/* zero_stage 0: the inner optimizer owns the buffers (one per gradient
+ * dtype, in the layout's chunk order, with alignment padding); the layout
+ * takes its offsets. */
 static mtopt_status_t build_zero0(mtopt_dist_optimizer_t *d, const char *fn) {
-  const mtopt__optimizer_options_t local = {0};
+  const mtopt__optimizer_options_t local = {.order = d->lay.order};
   CHECK(mtopt__optimizer_create(d->ctx, d->list, &d->config, &local, &d->opt));
-  void *gbuf = NULL;
-  int64_t numel = 0;
-  (void)mtopt_optimizer_get_grad_buffer(d->opt, &gbuf, &numel);
-  d->gbuf = gbuf;
+  int64_t numel[MTOPT__NUM_DTYPES];
+  for (int dt = 0; dt < MTOPT__NUM_DTYPES; dt++) {
+    void *p = NULL;
+    (void)mtopt_optimizer_get_grad_buffer_dtype(d->opt, (mtopt_dtype_t)dt, &p, &numel[dt]);
+    d->gbuf[dt] = p;
+  }
   const int64_t nt = d->lay.nt;
   int64_t *off = malloc((size_t)(nt > 0 ? nt : 1) * sizeof *off);
   if (!off) return mtopt__error(d->ctx, MTOPT_STATUS_OUT_OF_MEMORY, "%s: malloc failed", fn);
-  for (int64_t i = 0; i < nt; i++)
-    off[i] = d->lay.numel[i] > 0 ? mtopt__optimizer_tensor(d->opt, i)->g - d->gbuf : 0;
+  for (int64_t i = 0; i < nt; i++) {
+    const int dt = d->lay.gdt[i];
+    off[i] = d->lay.numel[i] > 0
+                 ? ((char *)mtopt__optimizer_tensor(d->opt, i)->g - d->gbuf[dt]) / mtopt__dt_size(dt)
+                 : 0;
+  }
   mtopt__bucket_layout_set_grads(&d->lay, off, numel);
   free(off);
   return MTOPT_STATUS_SUCCESS;
@@ -88,18 +117,26 @@ static mtopt_status_t build(mtopt_dist_optimizer_t *d, const char *fn) {
   const int64_t nt = mtopt__tensor_list_size(d->list);
   d->param = calloc((size_t)(nt > 0 ? nt : 1), sizeof *d->param);
   int64_t *numel = calloc((size_t)(nt > 0 ? nt : 1), sizeof *numel);
-  if (!d->param || !numel) {
+  int *dts = calloc((size_t)(nt > 0 ? nt : 1) * 2, sizeof *dts);
+  if (!d->param || !numel || !dts) {
     free(numel);
+    free(dts);
     return mtopt__error(d->ctx, MTOPT_STATUS_OUT_OF_MEMORY, "%s: calloc failed", fn);
   }
+  int *gdt = dts, *pdt = dts + (nt > 0 ? nt : 1);
   for (int64_t i = 0; i < nt; i++) {
-    numel[i] = mtopt__tensor_list_desc(d->list, i)->numel;
-    d->param[i] = mtopt__tensor_list_desc(d->list, i)->param;
+    const mtopt_tensor_desc_t *t = mtopt__tensor_list_desc(d->list, i);
+    numel[i] = t->numel;
+    d->param[i] = t->param;
+    gdt[i] = (int)t->grad_dtype;
+    pdt[i] = (int)t->param_dtype;
   }
   const mtopt__bucket_layout_args_t a = {
       .num_tensors = nt,
       .numel = numel,
       .param = (const void *const *)d->param,
+      .gdt = gdt,
+      .pdt = pdt,
       .first_bucket_bytes = comm->cfg.first_bucket_bytes,
       .bucket_bytes = comm->cfg.bucket_bytes,
       .zero_stage = d->zero,
@@ -108,10 +145,11 @@ static mtopt_status_t build(mtopt_dist_optimizer_t *d, const char *fn) {
   };
   const mtopt_status_t st = mtopt__bucket_layout_create(d->ctx, fn, &a, &d->lay);
   free(numel);
+  free(dts);
   CHECK(st);
   d->marked = calloc((size_t)(d->lay.nb > 0 ? d->lay.nb : 1), 1);
   if (!d->marked) return mtopt__error(d->ctx, MTOPT_STATUS_OUT_OF_MEMORY, "%s: calloc failed", fn);
-  CHECK(d->zero ? build_zero1(d) : build_zero0(d, fn));
+  CHECK(d->zero ? build_zero1(d, fn) : build_zero0(d, fn));
   d->plan = mtopt__optimizer_plan(d->opt);
   /* Inner tensors: the list's (zero_stage 0) or the pieces (1). */
   int64_t *first = NULL, *count = NULL;
@@ -147,17 +185,7 @@ mtopt_status_t mtopt_dist_optimizer_create(mtopt_comm_t *comm, mtopt_tensor_list
                           "distributed optimizer needs grad == NULL (its buckets are "
                           "ranges of the library's contiguous gradient buffer)",
                           fn, (long long)i, t->name ? t->name : "");
-    if (t->param_dtype != MTOPT_DTYPE_F32 || t->grad_dtype != MTOPT_DTYPE_F32)
-      return mtopt__error(ctx, MTOPT_STATUS_NOT_SUPPORTED,
-                          "%s: tensor %lld '%s' is not F32; the distributed layer reduces "
-                          "F32 gradients only (F16/BF16 buckets are not implemented yet)",
-                          fn, (long long)i, t->name ? t->name : "");
   }
-  /* ZeRO-1's tensors are pieces: stochastic rounding would key on the pieces,
-   * not on the tensors as registered. */
-  if (comm->cfg.zero_stage == 1 && cfg.rounding == MTOPT_ROUNDING_STOCHASTIC)
-    return mtopt__error(ctx, MTOPT_STATUS_NOT_SUPPORTED,
-                        "%s: stochastic rounding with zero_stage 1 is not implemented yet", fn);
   if (mtopt__tensor_list_in_use(list))
     return mtopt__error(ctx, MTOPT_STATUS_INVALID_USAGE,
                         "%s: the tensor list is already used by an optimizer", fn);
@@ -220,10 +248,10 @@ mtopt_status_t mtopt_dist_optimizer_destroy(mtopt_dist_optimizer_t *d) {
      * allocated. */
     mtopt_context_t *ctx = d->ctx;
     if (d->zero)
-      d->gbuf = NULL;
+      memset(d->gbuf, 0, sizeof d->gbuf);
     else
       mtopt__optimizer_detach_grads(d->opt);
-    d->shard = NULL;
+    d->shard = d->wide = NULL;
     dist_free(d);
     return mtopt__error(ctx, MTOPT_STATUS_COMM_ERROR,
                         "mtopt_dist_optimizer_destroy: %d collective%s never finished; their "
@@ -269,7 +297,24 @@ mtopt_status_t mtopt_dist_optimizer_get_grad(mtopt_dist_optimizer_t *d, int64_t 
   CHECK(mtopt__dist_check(d, fn));
   if (!ptr) return mtopt__error(d->ctx, MTOPT_STATUS_INVALID_ARGUMENT, "%s: ptr is NULL", fn);
   CHECK(check_tensor(d, fn, tensor));
-  *ptr = d->lay.numel[tensor] ? d->gbuf + d->lay.goff[tensor] : NULL;
+  const int dt = d->lay.gdt[tensor];
+  *ptr = d->lay.numel[tensor] ? d->gbuf[dt] + d->lay.goff[tensor] * mtopt__dt_size(dt) : NULL;
+  return MTOPT_STATUS_SUCCESS;
+}
+
+mtopt_status_t mtopt_dist_optimizer_get_grad_buffer_dtype(mtopt_dist_optimizer_t *d,
+                                                          mtopt_dtype_t dtype, void **ptr,
+                                                          int64_t *numel) {
+  static const char fn[] = "mtopt_dist_optimizer_get_grad_buffer_dtype";
+  CHECK(mtopt__dist_check(d, fn));
+  if (!ptr || !numel)
+    return mtopt__error(d->ctx, MTOPT_STATUS_INVALID_ARGUMENT, "%s: %s is NULL", fn,
+                        ptr ? "numel" : "ptr");
+  if ((unsigned)dtype >= MTOPT__NUM_DTYPES)
+    return mtopt__error(d->ctx, MTOPT_STATUS_INVALID_ARGUMENT,
+                        "%s: %d is not a gradient dtype (F32, F16, BF16)", fn, (int)dtype);
+  *ptr = d->gbuf[dtype];
+  *numel = d->lay.gbuf_numel[dtype];
   return MTOPT_STATUS_SUCCESS;
 }
 
@@ -280,15 +325,26 @@ mtopt_status_t mtopt_dist_optimizer_get_grad_buffer(mtopt_dist_optimizer_t *d, v
   if (!ptr || !numel)
     return mtopt__error(d->ctx, MTOPT_STATUS_INVALID_ARGUMENT, "%s: %s is NULL", fn,
                         ptr ? "numel" : "ptr");
-  *ptr = d->gbuf;
-  *numel = d->lay.gbuf_numel;
-  return MTOPT_STATUS_SUCCESS;
+  int found = MTOPT__DT_F32;
+  for (int dt = 0, n = 0; dt < MTOPT__NUM_DTYPES; dt++) {
+    if (!d->gbuf[dt]) continue;
+    if (n++)
+      return mtopt__error(d->ctx, MTOPT_STATUS_INVALID_USAGE,
+                          "%s: the gradients have several dtypes, one buffer each: use "
+                          "mtopt_dist_optimizer_get_grad_buffer_dtype",
+                          fn);
+    found = dt;
+  }
+  return mtopt_dist_optimizer_get_grad_buffer_dtype(d, (mtopt_dtype_t)found, ptr, numel);
 }
 
 mtopt_status_t mtopt_dist_optimizer_zero_grad(mtopt_dist_optimizer_t *d) {
   CHECK(mtopt__dist_check(d, "mtopt_dist_optimizer_zero_grad"));
-  if (!d->gbuf) return MTOPT_STATUS_SUCCESS;
-  return mtopt__context_zero(d->ctx, d->gbuf, (size_t)d->lay.gbuf_numel * sizeof(float));
+  for (int dt = 0; dt < MTOPT__NUM_DTYPES; dt++)
+    if (d->gbuf[dt])
+      CHECK(mtopt__context_zero(d->ctx, d->gbuf[dt],
+                                (size_t)d->lay.gbuf_numel[dt] * mtopt__dt_size(dt)));
+  return MTOPT_STATUS_SUCCESS;
 }
 
 mtopt_status_t mtopt_dist_get_bucket_count(const mtopt_dist_optimizer_t *d, int *count) {
@@ -314,6 +370,17 @@ mtopt_status_t mtopt_dist_get_bucket(const mtopt_dist_optimizer_t *d, int bucket
   return MTOPT_STATUS_SUCCESS;
 }
 
+mtopt_status_t mtopt_dist_get_bucket_dtype(const mtopt_dist_optimizer_t *d, int bucket,
+                                           mtopt_dtype_t *grad_dtype,
+                                           mtopt_dtype_t *param_dtype) {
+  static const char fn[] = "mtopt_dist_get_bucket_dtype";
+  CHECK(mtopt__dist_check(d, fn));
+  CHECK(mtopt__dist_check_bucket(d, fn, bucket));
+  if (grad_dtype) *grad_dtype = (mtopt_dtype_t)d->lay.b[bucket].gdt;
+  if (param_dtype) *param_dtype = (mtopt_dtype_t)d->lay.b[bucket].pdt;
+  return MTOPT_STATUS_SUCCESS;
+}
+
 mtopt_status_t mtopt_dist_get_tensor_bucket(const mtopt_dist_optimizer_t *d, int64_t tensor,
                                             int *bucket) {
   static const char fn[] = "mtopt_dist_get_tensor_bucket";
@@ -334,4 +401,26 @@ void mtopt__dist_segment(const mtopt_dist_optimizer_t *d, int s, int *bucket, in
   *numel = g->numel;
   *c0 = g->c0;
   *c1 = g->c1;
+}
+
+mtopt_status_t mtopt_dist_optimizer_get_memory(const mtopt_dist_optimizer_t *d,
+                                               mtopt_dist_memory_t *mem) {
+  static const char fn[] = "mtopt_dist_optimizer_get_memory";
+  CHECK(mtopt__dist_check(d, fn));
+  if (!mem || mem->struct_size < sizeof *mem)
+    return mtopt__error(d->ctx, MTOPT_STATUS_INVALID_ARGUMENT,
+                        "%s: mem is NULL or its struct_size is too small (use "
+                        "MTOPT_DIST_MEMORY_INIT)",
+                        fn);
+  mtopt_optimizer_info_t info = MTOPT_OPTIMIZER_INFO_INIT;
+  CHECK(mtopt_optimizer_get_info(d->opt, &info));
+  const mtopt__bucket_layout_t *L = &d->lay;
+  int64_t params = 0, grads = 0;
+  for (int64_t i = 0; i < L->nt; i++) params += L->numel[i];
+  for (int dt = 0; dt < MTOPT__NUM_DTYPES; dt++) grads += L->gbuf_numel[dt] * mtopt__dt_size(dt);
+  mem->params = params;
+  mem->state_bytes = info.state_bytes;
+  mem->grad_bytes = grads;
+  mem->shard_bytes = d->zero ? L->shard_bytes + L->wide_bytes : 0;
+  return MTOPT_STATUS_SUCCESS;
 }

@@ -94,6 +94,11 @@ static mtopt_status_t after_reduce(mtopt_dist_optimizer_t *d, int s) {
   return MTOPT_STATUS_SUCCESS;
 }
 
+/* Element `e` of the gradient buffer of dtype dt. */
+static char *grad_at(const mtopt_dist_optimizer_t *d, int dt, int64_t e) {
+  return d->gbuf[dt] + e * mtopt__dt_size(dt);
+}
+
 /* Starts segment s's reduction (ZeRO-1: the segment is its bucket). The
  * transport's work already waits for the gradients (progress); the pass that
  * reads this segment waits for its slot (dist_step). */
@@ -101,9 +106,10 @@ static mtopt_status_t start_segment(mtopt_dist_optimizer_t *d, int s) {
   const mtopt__segment_t *g = &d->lay.seg[s];
   const mtopt__bucket_t *b = &d->lay.b[g->bucket];
   if (d->zero)
-    return d->ops->reduce_scatter_avg(d->slots, s, d->gbuf + b->offset, d->shard + b->shard_off,
-                                      b->slice, reduction);
-  return d->ops->allreduce_avg(d->slots, s, d->gbuf + g->offset, g->numel, reduction);
+    return d->ops->reduce_scatter_avg(d->slots, s, grad_at(d, b->gdt, b->offset),
+                                      d->shard + b->shard_off, b->slice, b->gdt, reduction);
+  return d->ops->allreduce_avg(d->slots, s, grad_at(d, b->gdt, g->offset), g->numel, b->gdt,
+                               reduction);
 }
 
 /* Issues the reductions of marked buckets in bucket order (every rank must
@@ -159,46 +165,74 @@ static mtopt_status_t zero1_stats(mtopt_dist_optimizer_t *d) {
   return mtopt__optimizer_finish_stats(d->opt);
 }
 
-/* ZeRO-1: bucket k's pieces of the new weights into this rank's slice of
- * the staging area. */
-static mtopt_status_t stage(mtopt_dist_optimizer_t *d, int k) {
-  const mtopt__bucket_layout_t *L = &d->lay;
-  for (int64_t p = L->b[k].p0; p < L->b[k].p1; p++) {
-    const mtopt__piece_t *q = &L->pieces[p];
-    CHECK(d->ops->copy(d->tr, d->gbuf + L->goff[q->tensor] + q->start,
-                       d->param[q->tensor] + q->start, (size_t)q->len * sizeof(float)));
-  }
-  return MTOPT_STATUS_SUCCESS;
+/* ZeRO-1: element e (counted from the bucket's start) of bucket k's staging
+ * area, where its new weights are all-gathered (bucket_layout.h). */
+static char *stage_at(const mtopt_dist_optimizer_t *d, int k, int64_t e) {
+  const mtopt__bucket_t *b = &d->lay.b[k];
+  char *base = b->stage_wide ? d->wide : d->gbuf[b->gdt];
+  return base + b->stage_off + e * mtopt__dt_size(b->pdt);
 }
 
 /* ZeRO-1: once bucket k's all-gather has landed, its tensors back from the
  * staging area. */
 static mtopt_status_t unstage(mtopt_dist_optimizer_t *d, int k, const char *what) {
   const mtopt__bucket_layout_t *L = &d->lay;
+  const mtopt__bucket_t *b = &L->b[k];
+  const size_t pe = (size_t)mtopt__dt_size(b->pdt);
   CHECK(d->ops->wait(d->slots, L->ns + k, MTOPT__FOR_COMM, what));
-  for (int64_t i = L->b[k].first_tensor; i < L->b[k].first_tensor + L->b[k].num_tensors; i++)
-    if (L->numel[i])
-      CHECK(d->ops->copy(d->tr, d->param[i], d->gbuf + L->goff[i],
-                         (size_t)L->numel[i] * sizeof(float)));
+  for (int64_t i = b->first_tensor; i < b->first_tensor + b->num_tensors; i++)
+    if (L->tbucket[i] == k && L->numel[i])
+      CHECK(d->ops->copy(d->tr, d->param[i], stage_at(d, k, L->goff[i] - b->offset),
+                         (size_t)L->numel[i] * pe));
   return MTOPT_STATUS_SUCCESS;
 }
 
-/* ZeRO-1: every rank's slice of the new weights to every rank. The gradient
- * buffer is the staging area: this rank's pieces go into its slice, an
- * in-place all-gather fills the others, and every tensor is copied back.
- * The copies run on the transport (the communication stream on CUDA). */
-static mtopt_status_t zero1_gather(mtopt_dist_optimizer_t *d) {
-  static const char what[] = "mtopt_dist_step: weight all-gather";
+/* ZeRO-1: bucket k's new weights to every rank, once its update is
+ * enqueued (or done): this rank's pieces into its slice of the staging area
+ * and an in-place all-gather of the others, on the transport (the
+ * communication stream on CUDA, after the steps so far), overlapping the
+ * next buckets' updates; then the copies back of the buckets whose
+ * all-gathers may be waited for (issue_ahead). */
+static const char gather_what[] = "mtopt_dist_step: weight all-gather";
+
+static mtopt_status_t gather_bucket(mtopt_dist_optimizer_t *d, int k) {
   const mtopt__bucket_layout_t *L = &d->lay;
-  const int ahead = issue_ahead(d, L->nb);
-  CHECK(d->ops->comm_wait_compute(d->tr));
-  int back = 0; /* buckets [0, back) copied back */
-  for (int k = 0; k < L->nb; k++) {
-    CHECK(stage(d, k));
-    CHECK(d->ops->allgather(d->slots, L->ns + k, d->gbuf + L->b[k].offset, L->b[k].slice, what));
-    for (; back <= k - ahead; back++) CHECK(unstage(d, back, what));
+  const mtopt__bucket_t *b = &L->b[k];
+  const size_t pe = (size_t)mtopt__dt_size(b->pdt);
+  CHECK(d->ops->comm_wait_steps(d->tr));
+  for (int64_t p = b->p0; p < b->p1; p++) {
+    const mtopt__piece_t *q = &L->pieces[p];
+    CHECK(d->ops->copy(d->tr, stage_at(d, k, L->goff[q->tensor] + q->start - b->offset),
+                       d->param[q->tensor] + (size_t)q->start * pe, (size_t)q->len * pe));
   }
-  for (; back < L->nb; back++) CHECK(unstage(d, back, what));
+  CHECK(d->ops->allgather(d->slots, L->ns + k, stage_at(d, k, 0), b->slice, b->pdt,
+                          gather_what));
+  for (const int ahead = issue_ahead(d, L->nb); d->next_back <= k - ahead; d->next_back++)
+    CHECK(unstage(d, d->next_back, gather_what));
+  return MTOPT_STATUS_SUCCESS;
+}
+
+/* ZeRO-1 with statistics: the update after the ranks' statistics, bucket by
+ * bucket on the steps' stream, each bucket all-gathered as soon as its
+ * update is enqueued. */
+static mtopt_status_t update_and_gather(mtopt_dist_optimizer_t *d) {
+  const mtopt__transport_ops_t *ops = d->ops;
+  if (d->plan->num_chunks == 0) CHECK(run_all(d, MTOPT__PASS_UPDATE)); /* its finalisation */
+  CHECK(ops->steps_begin(d->tr));
+  mtopt_status_t st = MTOPT_STATUS_SUCCESS;
+  for (int k = 0; st == MTOPT_STATUS_SUCCESS && k < d->lay.nb; k++) {
+    st = run_range(d, MTOPT__PASS_UPDATE, d->lay.b[k].c0, d->lay.b[k].c1);
+    if (st == MTOPT_STATUS_SUCCESS) st = gather_bucket(d, k);
+  }
+  const mtopt_status_t end = ops->steps_end(d->tr);
+  CHECK(st);
+  return end;
+}
+
+/* ZeRO-1: the copies back of the buckets not yet copied, then the context's
+ * stream after them. */
+static mtopt_status_t gather_finish(mtopt_dist_optimizer_t *d) {
+  for (; d->next_back < d->lay.nb; d->next_back++) CHECK(unstage(d, d->next_back, gather_what));
   return d->ops->compute_wait_comm(d->tr);
 }
 
@@ -206,6 +240,16 @@ static mtopt_status_t dist_step(mtopt_dist_optimizer_t *d) {
   const mtopt__transport_ops_t *ops = d->ops;
   for (int k = 0; k < d->lay.nb; k++) d->marked[k] = 1;
   CHECK(progress(d));
+  mtopt__pass_t passes[MTOPT__MAX_PASSES];
+  const int np = mtopt__step_passes(d->plan, passes);
+  /* ZeRO-1 without statistics: each bucket's all-gather follows its update
+   * (one segment per bucket), overlapping the next buckets' reductions and
+   * updates. Issued only from here, once every reduction is: collectives
+   * go in the same order on every rank, and ranks mark buckets ready in
+   * their own order (a bucket stepped early, as its reduction landed during
+   * backward, is all-gathered now). */
+  const int gather_early = d->zero && passes[0] == MTOPT__PASS_UPDATE;
+  for (int k = 0; gather_early && k < d->next_done; k++) CHECK(gather_bucket(d, k));
   /* Every collective is issued; each segment's pass waits for its own
    * collective only, so it runs while the later segments are communicated
    * (CPU: the host waits for each in order and steps it). On CUDA the passes
@@ -221,6 +265,8 @@ static mtopt_status_t dist_step(mtopt_dist_optimizer_t *d) {
      * after every collective of the step. */
     st = ops->wait(d->slots, d->next_done, MTOPT__FOR_STEPS, what);
     if (st == MTOPT_STATUS_SUCCESS) st = after_reduce(d, d->next_done);
+    if (st == MTOPT_STATUS_SUCCESS && gather_early)
+      st = gather_bucket(d, d->lay.seg[d->next_done].bucket);
   }
   /* Joined even after a failure: the context's stream (and fail_step's
    * reset of the pass counter on it) must come after the passes already
@@ -230,14 +276,15 @@ static mtopt_status_t dist_step(mtopt_dist_optimizer_t *d) {
   CHECK(end);
   /* The first pass ran per segment as each landed (on an empty plan it runs
    * once here, for its finalisation); the others run whole, after the ranks'
-   * statistics where the plan defers them. One pass at a time: the counter
-   * that elects a pass's finaliser cannot tell interleaved passes apart. */
-  mtopt__pass_t passes[MTOPT__MAX_PASSES];
-  const int np = mtopt__step_passes(d->plan, passes);
+   * statistics where the plan defers them (ZeRO-1's update bucket by bucket,
+   * each all-gathered behind it). One pass at a time: the counter that
+   * elects a pass's finaliser cannot tell interleaved passes apart. */
   if (d->plan->num_chunks == 0) CHECK(run_all(d, passes[0]));
   if (passes[0] == MTOPT__PASS_STATS && d->plan->defer_stats) CHECK(zero1_stats(d));
-  for (int i = 1; i < np; i++) CHECK(run_all(d, passes[i]));
-  if (d->zero) CHECK(zero1_gather(d));
+  for (int i = 1; i < np; i++)
+    CHECK(d->zero && passes[i] == MTOPT__PASS_UPDATE ? update_and_gather(d)
+                                                     : run_all(d, passes[i]));
+  if (d->zero) CHECK(gather_finish(d));
   return MTOPT_STATUS_SUCCESS;
 }
 
@@ -247,7 +294,15 @@ mtopt_status_t mtopt_dist_step(mtopt_dist_optimizer_t *d) {
   mtopt_status_t st = dist_step(d);
   if (st != MTOPT_STATUS_SUCCESS) return fail_step(d, st);
   memset(d->marked, 0, (size_t)d->lay.nb);
-  d->next_start = d->next_done = 0;
+  d->next_start = d->next_done = d->next_back = 0;
+  return MTOPT_STATUS_SUCCESS;
+}
+
+mtopt_status_t mtopt__dist_gather_weights(mtopt_dist_optimizer_t *d) {
+  CHECK(d->ops->comm_wait_compute(d->tr));
+  for (int k = 0; k < d->lay.nb; k++) CHECK(gather_bucket(d, k));
+  CHECK(gather_finish(d));
+  d->next_back = 0;
   return MTOPT_STATUS_SUCCESS;
 }
 
@@ -265,8 +320,8 @@ static mtopt_status_t gather_after(mtopt_dist_optimizer_t *d, int s, const char 
   CHECK(d->ops->wait(d->slots, s, MTOPT__FOR_COMM, fn));
   if (!d->zero) return MTOPT_STATUS_SUCCESS;
   const int k = d->lay.seg[s].bucket;
-  return d->ops->allgather(d->slots, d->lay.ns + k, d->gbuf + d->lay.b[k].offset,
-                           d->lay.b[k].slice, fn);
+  return d->ops->allgather(d->slots, d->lay.ns + k, stage_at(d, k, 0), d->lay.b[k].slice,
+                           d->lay.b[k].pdt, fn);
 }
 
 static mtopt_status_t comm_only(mtopt_dist_optimizer_t *d, const char *fn) {

@@ -15,11 +15,17 @@ static uint64_t mix(uint64_t h, int64_t v) {
   return h ^ (h >> 33);
 }
 
-enum { H_NT, H_ZERO, H_BUCKET, H_FIRST, H_KIND, H_CHUNK, H_STATS, H_NB, H_GBUF, H_HASH, H_N };
+enum { H_NT, H_ZERO, H_BUCKET, H_FIRST, H_KIND, H_CHUNK, H_STATS, H_PREC, H_NB, H_GBUF, H_HASH, H_N };
 static const char *const h_names[H_N] = {
     "tensor count", "zero_stage", "bucket_bytes", "first_bucket_bytes", "optimizer kind",
     "chunk_size", "statistics pass (clipping / loss scaling / skip_nonfinite)",
-    "bucket count", "gradient buffer length", "tensor table"};
+    "precision (state_dtype / master_weights / rounding)", "bucket count",
+    "gradient buffer bytes", "tensor table"};
+
+/* A tensor's dtypes in one number. */
+static int64_t dtypes_of(const mtopt_tensor_desc_t *t) {
+  return (int64_t)t->param_dtype * 16 + (int64_t)t->grad_dtype;
+}
 
 static mtopt_status_t max_over_ranks(mtopt_dist_optimizer_t *d, int64_t *v, int n) {
   return d->ops->max_i64(d->tr, v, n, "mtopt_dist_optimizer_create (plan check)");
@@ -33,7 +39,8 @@ mtopt_status_t mtopt__dist_rank_agreement(mtopt_dist_optimizer_t *d, const char 
   uint64_t hash = 0x12345;
   for (int64_t i = 0; i < L->nt; i++) {
     const mtopt_tensor_desc_t *t = mtopt__tensor_list_desc(d->list, i);
-    hash = mix(mix(mix(mix(hash, t->numel), L->goff[i]), t->group), (int64_t)t->flags);
+    hash = mix(mix(mix(mix(mix(hash, t->numel), L->goff[i]), t->group), (int64_t)t->flags),
+               dtypes_of(t));
   }
   h[H_NT] = L->nt;
   h[H_ZERO] = d->zero;
@@ -42,8 +49,10 @@ mtopt_status_t mtopt__dist_rank_agreement(mtopt_dist_optimizer_t *d, const char 
   h[H_KIND] = oc->kind;
   h[H_CHUNK] = oc->chunk_size;
   h[H_STATS] = d->plan->use_stats;
+  h[H_PREC] = (int64_t)oc->state_dtype * 16 + (int64_t)oc->master_weights * 4 + oc->rounding;
   h[H_NB] = L->nb;
-  h[H_GBUF] = L->gbuf_numel;
+  h[H_GBUF] = 0;
+  for (int dt = 0; dt < MTOPT__NUM_DTYPES; dt++) h[H_GBUF] += L->gbuf_numel[dt] * mtopt__dt_size(dt);
   h[H_HASH] = (int64_t)(hash >> 2); /* non-negative: -x must not overflow */
   int64_t v[2 * H_N];
   for (int k = 0; k < H_N; k++) {
@@ -58,7 +67,7 @@ mtopt_status_t mtopt__dist_rank_agreement(mtopt_dist_optimizer_t *d, const char 
 
   /* Name the first differing tensor among those every rank has. */
   const int64_t nmin = -v[H_N + H_NT];
-  const int nrec = 4;
+  const int nrec = 5;
   int64_t *r = malloc((size_t)(2 * nrec * (nmin > 0 ? nmin : 1)) * sizeof *r);
   if (!r) return mtopt__error(c->ctx, MTOPT_STATUS_OUT_OF_MEMORY, "%s: malloc failed", fn);
   int64_t *mine = malloc((size_t)(nrec * (nmin > 0 ? nmin : 1)) * sizeof *mine);
@@ -68,7 +77,7 @@ mtopt_status_t mtopt__dist_rank_agreement(mtopt_dist_optimizer_t *d, const char 
   }
   for (int64_t i = 0; i < nmin; i++) {
     const mtopt_tensor_desc_t *t = mtopt__tensor_list_desc(d->list, i);
-    const int64_t rec[4] = {t->numel, L->goff[i], t->group, (int64_t)t->flags};
+    const int64_t rec[5] = {t->numel, L->goff[i], t->group, (int64_t)t->flags, dtypes_of(t)};
     for (int k = 0; k < nrec; k++) {
       mine[i * nrec + k] = rec[k];
       r[i * nrec + k] = rec[k];
@@ -78,11 +87,12 @@ mtopt_status_t mtopt__dist_rank_agreement(mtopt_dist_optimizer_t *d, const char 
   mtopt_status_t st = MTOPT_STATUS_SUCCESS;
   if (nmin > 0 && nmin * 2 * nrec <= INT_MAX) st = max_over_ranks(d, r, (int)(2 * nrec * nmin));
   if (st == MTOPT_STATUS_SUCCESS) {
-    static const char *const rec_names[4] = {"numel", "gradient offset", "group", "flags"};
-    /* Causes before consequences: a size, group or flags difference is named
+    static const char *const rec_names[5] = {"numel", "gradient offset", "group", "flags",
+                                             "dtypes (param * 16 + grad)"};
+    /* Causes before consequences: a size, dtype, group or flags difference is named
      * before any gradient offset, because offsets follow from the sizes (with
      * ZeRO-1 one extra element in tensor 3 can move tensor 0's offset). */
-    static const int order[4] = {0, 2, 3, 1};
+    static const int order[5] = {0, 4, 2, 3, 1};
     int64_t bad = -1;
     int field = 0;
     for (int o = 0; o < nrec && bad < 0 && nmin * 2 * nrec <= INT_MAX; o++)

@@ -25,6 +25,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "../common/dtype.h"
 #include "../common/error.h"
 #include "../core/internal_api.h"
 #include "mtopt/mtopt_dist.h"
@@ -97,18 +98,23 @@ typedef struct mtopt__transport_ops {
    * are the caller's to keep alive or leak: see drain). */
   void (*slots_destroy)(mtopt__transport_slots_t *s);
 
-  /* ---- the collectives (slot: where the collective is tracked) ---- */
+  /* ---- the collectives (slot: where the collective is tracked) ----
+   * dt: the elements' dtype (MTOPT__DT_*). 16-bit sums are rounded to
+   * nearest in their dtype after each addition (NCCL's, and the MPI
+   * transport's user-defined operation). */
   /* In place, buf[0, count) becomes the average over ranks. MPI: the sum,
-   * scaled by (float)(1 / world) in float when test or wait sees it land. */
-  mtopt_status_t (*allreduce_avg)(mtopt__transport_slots_t *s, int slot, float *buf,
-                                  int64_t count, const char *what);
+   * scaled by (float)(1 / world) in float (and rounded to dt) when test or
+   * wait sees it land. NCCL: ncclAvg. */
+  mtopt_status_t (*allreduce_avg)(mtopt__transport_slots_t *s, int slot, void *buf,
+                                  int64_t count, int dt, const char *what);
   /* recv[0, recvcount) becomes the average of every rank's
    * send[rank * recvcount, (rank + 1) * recvcount); scaled as above. */
-  mtopt_status_t (*reduce_scatter_avg)(mtopt__transport_slots_t *s, int slot, const float *send,
-                                       float *recv, int64_t recvcount, const char *what);
-  /* In place: rank r's part is buf[r * count, (r + 1) * count). */
-  mtopt_status_t (*allgather)(mtopt__transport_slots_t *s, int slot, float *buf, int64_t count,
-                              const char *what);
+  mtopt_status_t (*reduce_scatter_avg)(mtopt__transport_slots_t *s, int slot, const void *send,
+                                       void *recv, int64_t recvcount, int dt, const char *what);
+  /* In place: rank r's part is elements [r * count, (r + 1) * count) of buf
+   * (moved, never added: any dtype of that size). */
+  mtopt_status_t (*allgather)(mtopt__transport_slots_t *s, int slot, void *buf, int64_t count,
+                              int dt, const char *what);
   /* Whether the host may read slot's result now (MPI_Test; scales an average
    * that lands). Never blocks. Stream-ordered: always 0. */
   mtopt_status_t (*test)(mtopt__transport_slots_t *s, int slot, int *done, const char *what);
@@ -144,6 +150,9 @@ typedef struct mtopt__transport_ops {
    * context's stream for the transport's work so far. */
   mtopt_status_t (*comm_wait_compute)(mtopt__transport_t *t);
   mtopt_status_t (*compute_wait_comm)(mtopt__transport_t *t);
+  /* The transport's later work waits for the bucket steps enqueued so far
+   * (ZeRO-1: a bucket's all-gather after its update). */
+  mtopt_status_t (*comm_wait_steps)(mtopt__transport_t *t);
   /* The bucket steps of one mtopt_dist_step go between steps_begin (their
    * stream waits for the context's stream) and steps_end (the context's
    * stream waits for them); steps_stream is what ops->run_pass takes (NULL:

@@ -6,7 +6,9 @@
  * The average is the sum times (float)(1 / world), in float, applied when the
  * host sees the reduction land (test, wait): the tests' reference averages
  * the same way, so results are bit-identical to one process stepping the
- * averaged gradient.
+ * averaged gradient. MPI has no 16-bit float: BF16 and F16 buckets travel as
+ * MPI_UINT16_T under a user-defined sum that adds in float and rounds to
+ * nearest even after each addition, and the average is rounded once more.
  *
  * Timeouts. MPI cannot cancel a collective: one that does not land within
  * timeout_ms stays pending with its request, and its buffers must outlive it
@@ -34,12 +36,14 @@ struct mtopt__transport {
   int timeout_ms;
   float inv_world; /* (float)(1 / world) */
   int failed;      /* a collective failed or timed out: nothing waits again */
+  MPI_Op sum16[MTOPT__NUM_DTYPES]; /* the 16-bit sums, by MTOPT__DT_* */
 };
 
 typedef struct {
   MPI_Request req;
-  float *avg;      /* an average to finish when the request lands, or NULL */
+  void *avg;       /* an average to finish when the request lands, or NULL */
   int64_t avg_len; /* its elements */
+  int avg_dt;      /* their dtype */
 } slot_t;
 
 struct mtopt__transport_slots {
@@ -144,6 +148,29 @@ mtopt_status_t mtopt__mpi_max_i64(mtopt_context_t *ctx, MPI_Comm comm, int timeo
 
 /* ------------------------------------------------------------ set-up ----- */
 
+/* The 16-bit sums (MPI_User_function): inout[i] += in[i], in float, rounded
+ * to nearest even. */
+static void sum_bf16(void *in, void *inout, int *len, MPI_Datatype *type) {
+  (void)type;
+  const uint16_t *a = in;
+  uint16_t *b = inout;
+  for (int i = 0; i < *len; i++)
+    b[i] = mtopt__f32_to_bf16(mtopt__bf16_to_f32(a[i]) + mtopt__bf16_to_f32(b[i]));
+}
+
+static void sum_f16(void *in, void *inout, int *len, MPI_Datatype *type) {
+  (void)type;
+  const uint16_t *a = in;
+  uint16_t *b = inout;
+  for (int i = 0; i < *len; i++)
+    b[i] = mtopt__f32_to_f16(mtopt__f16_to_f32(a[i]) + mtopt__f16_to_f32(b[i]));
+}
+
+static void free_ops(mtopt__transport_t *t) {
+  for (int d = 0; d < MTOPT__NUM_DTYPES; d++)
+    if (t->sum16[d] != MPI_OP_NULL) MPI_Op_free(&t->sum16[d]);
+}
+
 static mtopt_status_t mpi_create(mtopt__transport_args_t *a, mtopt__transport_t **out) {
   mtopt__transport_t *t = calloc(1, sizeof *t);
   if (!t)
@@ -153,11 +180,20 @@ static mtopt_status_t mpi_create(mtopt__transport_args_t *a, mtopt__transport_t 
   t->world = a->world;
   t->timeout_ms = a->cfg->timeout_ms;
   t->inv_world = (float)(1.0 / (double)a->world);
+  for (int d = 0; d < MTOPT__NUM_DTYPES; d++) t->sum16[d] = MPI_OP_NULL;
+  int rc = MPI_Op_create(sum_bf16, 1, &t->sum16[MTOPT__DT_BF16]);
+  if (rc == MPI_SUCCESS) rc = MPI_Op_create(sum_f16, 1, &t->sum16[MTOPT__DT_F16]);
+  if (rc != MPI_SUCCESS) {
+    free_ops(t);
+    free(t);
+    return mtopt__mpi_fail(a->ctx, rc, "mtopt_comm_create_mpi: MPI_Op_create");
+  }
   *out = t;
   return MTOPT_STATUS_SUCCESS;
 }
 
 static mtopt_status_t mpi_destroy(mtopt__transport_t *t) {
+  free_ops(t);
   free(t);
   return MTOPT_STATUS_SUCCESS;
 }
@@ -183,7 +219,7 @@ static mtopt_status_t mpi_slots_create(mtopt__transport_t *t, int reductions, in
                         "mtopt_dist_optimizer_create: malloc failed");
   s->t = t;
   s->count = count;
-  for (int i = 0; i < count; i++) s->slot[i] = (slot_t){MPI_REQUEST_NULL, NULL, 0};
+  for (int i = 0; i < count; i++) s->slot[i] = (slot_t){MPI_REQUEST_NULL, NULL, 0, 0};
   *out = s;
   return MTOPT_STATUS_SUCCESS;
 }
@@ -192,16 +228,28 @@ static void mpi_slots_destroy(mtopt__transport_slots_t *s) { free(s); }
 
 /* ------------------------------------------------------- collectives ----- */
 
-static void scale(float *x, int64_t n, float s) {
+static void scale(void *x, int64_t n, int dt, float s) {
+  if (dt == MTOPT__DT_F32) {
+    float *f = x;
 #pragma omp parallel for simd if (n > 65536) schedule(static)
-  for (int64_t i = 0; i < n; i++) x[i] *= s;
+    for (int64_t i = 0; i < n; i++) f[i] *= s;
+    return;
+  }
+#pragma omp parallel for if (n > 65536) schedule(static)
+  for (int64_t i = 0; i < n; i++) mtopt__st(x, dt, i, mtopt__ld(x, dt, i) * s, 0, 0u);
 }
 
 /* Slot i's request is done: finish its average (once). */
 static void landed(mtopt__transport_slots_t *s, int i) {
   slot_t *q = &s->slot[i];
-  if (q->avg) scale(q->avg, q->avg_len, s->t->inv_world);
+  if (q->avg) scale(q->avg, q->avg_len, q->avg_dt, s->t->inv_world);
   q->avg = NULL;
+}
+
+/* The MPI type and sum of elements of dtype dt. */
+static MPI_Datatype mpi_type(int dt) { return dt == MTOPT__DT_F32 ? MPI_FLOAT : MPI_UINT16_T; }
+static MPI_Op mpi_sum(const mtopt__transport_t *t, int dt) {
+  return dt == MTOPT__DT_F32 ? MPI_SUM : t->sum16[dt];
 }
 
 /* An MPI error: the transport has failed. */
@@ -212,37 +260,38 @@ static mtopt_status_t fail(mtopt__transport_t *t, int rc, const char *what) {
 
 /* Records an issued collective: the average to finish later, at one rank
  * none (the sum is the average). */
-static mtopt_status_t issued(mtopt__transport_slots_t *s, int i, int rc, float *avg, int64_t n,
-                             const char *what) {
+static mtopt_status_t issued(mtopt__transport_slots_t *s, int i, int rc, void *avg, int64_t n,
+                             int dt, const char *what) {
   if (rc != MPI_SUCCESS) return fail(s->t, rc, what);
   s->slot[i].avg = s->t->world > 1 ? avg : NULL;
   s->slot[i].avg_len = n;
+  s->slot[i].avg_dt = dt;
   return MTOPT_STATUS_SUCCESS;
 }
 
-static mtopt_status_t mpi_allreduce_avg(mtopt__transport_slots_t *s, int i, float *buf,
-                                        int64_t count, const char *what) {
+static mtopt_status_t mpi_allreduce_avg(mtopt__transport_slots_t *s, int i, void *buf,
+                                        int64_t count, int dt, const char *what) {
   CHECK(usable(s->t, what));
-  const int rc = MPI_Iallreduce(MPI_IN_PLACE, buf, (int)count, MPI_FLOAT, MPI_SUM, s->t->comm,
-                                &s->slot[i].req);
-  return issued(s, i, rc, buf, count, what);
+  const int rc = MPI_Iallreduce(MPI_IN_PLACE, buf, (int)count, mpi_type(dt), mpi_sum(s->t, dt),
+                                s->t->comm, &s->slot[i].req);
+  return issued(s, i, rc, buf, count, dt, what);
 }
 
 static mtopt_status_t mpi_reduce_scatter_avg(mtopt__transport_slots_t *s, int i,
-                                             const float *send, float *recv, int64_t recvcount,
-                                             const char *what) {
+                                             const void *send, void *recv, int64_t recvcount,
+                                             int dt, const char *what) {
   CHECK(usable(s->t, what));
-  const int rc = MPI_Ireduce_scatter_block(send, recv, (int)recvcount, MPI_FLOAT, MPI_SUM,
-                                           s->t->comm, &s->slot[i].req);
-  return issued(s, i, rc, recv, recvcount, what);
+  const int rc = MPI_Ireduce_scatter_block(send, recv, (int)recvcount, mpi_type(dt),
+                                           mpi_sum(s->t, dt), s->t->comm, &s->slot[i].req);
+  return issued(s, i, rc, recv, recvcount, dt, what);
 }
 
-static mtopt_status_t mpi_allgather(mtopt__transport_slots_t *s, int i, float *buf,
-                                    int64_t count, const char *what) {
+static mtopt_status_t mpi_allgather(mtopt__transport_slots_t *s, int i, void *buf,
+                                    int64_t count, int dt, const char *what) {
   CHECK(usable(s->t, what));
-  const int rc = MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, (int)count, MPI_FLOAT,
-                                s->t->comm, &s->slot[i].req);
-  return issued(s, i, rc, NULL, 0, what);
+  const int rc = MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, (int)count,
+                                mpi_type(dt), s->t->comm, &s->slot[i].req);
+  return issued(s, i, rc, NULL, 0, dt, what);
 }
 
 static mtopt_status_t mpi_test(mtopt__transport_slots_t *s, int i, int *done, const char *what) {
@@ -366,6 +415,7 @@ static const mtopt__transport_ops_t mpi_ops = {
     .check = mpi_check,
     .comm_wait_compute = mpi_nothing,
     .compute_wait_comm = mpi_nothing,
+    .comm_wait_steps = mpi_nothing,
     .steps_begin = mpi_nothing,
     .steps_end = mpi_nothing,
     .steps_stream = mpi_steps_stream,

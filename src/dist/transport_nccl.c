@@ -177,6 +177,10 @@ static mtopt_status_t nccl_steps_end(nccl_t *n) {
   return order(n, n->steps_done, n->steps, ctx_stream(n->ctx));
 }
 
+static mtopt_status_t nccl_comm_wait_steps(nccl_t *n) {
+  return order(n, n->steps_done, n->steps, n->stream);
+}
+
 static void *const *nccl_steps_stream(const nccl_t *n) { return &n->steps_handle; }
 
 /* ------------------------------------------------ per-segment events ----- */
@@ -280,43 +284,48 @@ static mtopt_status_t nccl_drain(mtopt__transport_slots_t *s, int *leaked) {
     return r_ == ncclSuccess ? MTOPT_STATUS_SUCCESS : nccl_fail((n)->ctx, r_, (what)); \
   } while (0)
 
-static mtopt_status_t allreduce_avg_f32(nccl_t *n, float *buf, int64_t count) {
-  COLLECTIVE(n, "ncclAllReduce (bucket)", count,
-             ncclAllReduce(buf, buf, (size_t)count, ncclFloat32, ncclAvg, n->comm, n->stream));
+static ncclDataType_t nccl_dtype(int dt) {
+  return dt == MTOPT__DT_BF16 ? ncclBfloat16 : dt == MTOPT__DT_F16 ? ncclFloat16 : ncclFloat32;
 }
 
-static mtopt_status_t reduce_scatter_avg_f32(nccl_t *n, const float *send, float *recv,
-                                             int64_t recvcount) {
+static mtopt_status_t allreduce_avg(nccl_t *n, void *buf, int64_t count, int dt) {
+  COLLECTIVE(n, "ncclAllReduce (bucket)", count,
+             ncclAllReduce(buf, buf, (size_t)count, nccl_dtype(dt), ncclAvg, n->comm, n->stream));
+}
+
+static mtopt_status_t reduce_scatter_avg(nccl_t *n, const void *send, void *recv,
+                                         int64_t recvcount, int dt) {
   COLLECTIVE(n, "ncclReduceScatter (bucket)", recvcount,
-             ncclReduceScatter(send, recv, (size_t)recvcount, ncclFloat32, ncclAvg, n->comm,
+             ncclReduceScatter(send, recv, (size_t)recvcount, nccl_dtype(dt), ncclAvg, n->comm,
                                n->stream));
 }
 
 /* A reduction, then its slot's event (recorded even for an empty range: the
  * steps' stream waits on every segment's event). */
-static mtopt_status_t nccl_allreduce_avg(mtopt__transport_slots_t *s, int i, float *buf,
-                                         int64_t count, const char *what) {
+static mtopt_status_t nccl_allreduce_avg(mtopt__transport_slots_t *s, int i, void *buf,
+                                         int64_t count, int dt, const char *what) {
   (void)what;
-  CHECK(allreduce_avg_f32(s->n, buf, count));
+  CHECK(allreduce_avg(s->n, buf, count, dt));
   return event_op(s, i, 0);
 }
 
 static mtopt_status_t nccl_reduce_scatter_avg(mtopt__transport_slots_t *s, int i,
-                                              const float *send, float *recv, int64_t recvcount,
-                                              const char *what) {
+                                              const void *send, void *recv, int64_t recvcount,
+                                              int dt, const char *what) {
   (void)what;
-  CHECK(reduce_scatter_avg_f32(s->n, send, recv, recvcount));
+  CHECK(reduce_scatter_avg(s->n, send, recv, recvcount, dt));
   return event_op(s, i, 0);
 }
 
-static mtopt_status_t nccl_allgather(mtopt__transport_slots_t *s, int i, float *buf,
-                                     int64_t count, const char *what) {
+static mtopt_status_t nccl_allgather(mtopt__transport_slots_t *s, int i, void *buf,
+                                     int64_t count, int dt, const char *what) {
   (void)i, (void)what;
   nccl_t *n = s->n;
   /* In place: NCCL's rule is sendbuff == recvbuff + rank * sendcount. */
+  const size_t part = (size_t)count * (size_t)mtopt__dt_size(dt);
   COLLECTIVE(n, "ncclAllGather (weights)", count,
-             ncclAllGather(buf + (int64_t)n->rank * count, buf, (size_t)count, ncclFloat32,
-                           n->comm, n->stream));
+             ncclAllGather((char *)buf + (size_t)n->rank * part, buf, (size_t)count,
+                           nccl_dtype(dt), n->comm, n->stream));
 }
 
 static mtopt_status_t nccl_sum_stats(nccl_t *n, double *stats) {
@@ -358,6 +367,7 @@ static const mtopt__transport_ops_t nccl_ops = {
     .check = nccl_check,
     .comm_wait_compute = nccl_comm_wait_compute,
     .compute_wait_comm = nccl_compute_wait_comm,
+    .comm_wait_steps = nccl_comm_wait_steps,
     .steps_begin = nccl_steps_begin,
     .steps_end = nccl_steps_end,
     .steps_stream = nccl_steps_stream,
