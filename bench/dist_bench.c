@@ -12,9 +12,10 @@
  * shorter of comm and step the overlap hid: (comm + step - epilogue) /
  * min(comm, step); "e/c" is epilogue / comm (1.0: the step is hidden
  * entirely).
- * Bandwidth as nccl-tests defines it for all-reduce: algbw = gradient bytes /
- * comm time, busbw = algbw * 2(n-1)/n (the bytes each rank's link carries; the
- * same factor for reduce-scatter + all-gather). At one rank the factor is 0,
+ * Bandwidth as nccl-tests defines it for all-reduce: algbw = gradient bytes
+ * (in the gradients' dtype: 2 per parameter with --dtype bf16) / comm time,
+ * busbw = algbw * 2(n-1)/n (the bytes each rank's link carries; the same
+ * factor for reduce-scatter + all-gather). At one rank the factor is 0,
  * so busbw is 0 by definition (nothing crosses a link) and the comm figure is
  * the per-call cost of the collectives (NCCL: launches of in-place no-ops);
  * the output says so.
@@ -26,15 +27,33 @@
  * "colls" is the number of collectives per step (segments: a bucket over its
  * size, such as one holding a large embedding, is reduced in several).
  *
+ * Precision. --dtype f32 (default): fp32 weights and gradients. --dtype bf16:
+ * bf16 weights and gradients, so every bucket is bf16 and is reduced (and,
+ * with --zero 1, its weights all-gathered) in 16 bits, half the bytes;
+ * --master f32 (default) | remainder | none picks the masters and
+ * --state-dtype f32 | bf16 the moments (with --dtype f32: no master, either
+ * state dtype). Bucket sizes are in gradient bytes, as mtopt_comm_config_t
+ * counts them: a bf16 bucket of a size holds twice the parameters of an f32
+ * one.
+ *
+ * Memory. "state_B/p" is the optimizer state and masters the distributed
+ * optimizer owns on rank 0 (mtopt_dist_optimizer_get_memory: state_bytes)
+ * per parameter of the model; "total_B/p" adds its gradient buffer
+ * (grad_bytes) and, with --zero 1, the reduced shard and staging
+ * (shard_bytes). With --zero 1 state_B/p is about 1/world of zero_stage 0's.
+ * The weights themselves are the caller's and are not counted.
+ *
  *   mpirun -np 2 mtopt_dist_bench [--shape gpt2] [--buckets 1,4,25,100]
  *       [--iters 5] [--warmup 1] [--zero 0|1] [--backend cpu|cuda]
- *       [--kind adamw|sgd|lamb] [--threads N] [--comm-sms N] [--csv]
+ *       [--kind adamw|sgd|lamb] [--dtype f32|bf16] [--master f32|remainder|none]
+ *       [--state-dtype f32|bf16] [--threads N] [--comm-sms N] [--csv]
  * --comm-sms sets mtopt_comm_config_t.comm_sm_count (CUDA: 0 automatic, -1 no
  * SM partition, N SMs for the collectives); the header says what was used.
  * On CUDA each rank uses its node-local rank as the device (NCCL: set
  * NCCL_NVLS_ENABLE=0 on hosts where NVLink multicast must stay off). */
 #include <mpi.h>
 
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -69,6 +88,20 @@ static double now_s(void) {
     DIE_IF(st_ != MTOPT_STATUS_SUCCESS, "%s -> %s: %s", #expr,                 \
            mtopt_status_name(st_), mtopt_last_error());                        \
   } while (0)
+
+/* fp32 to bf16, to nearest even (the fill values are finite). */
+static uint16_t to_bf16(float f) {
+  uint32_t u;
+  memcpy(&u, &f, sizeof u);
+  return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+/* The index of v in names[0 .. n), or -1. */
+static int pick(const char *v, const char *const *names, int n) {
+  for (int i = 0; i < n; i++)
+    if (!strcmp(v, names[i])) return i;
+  return -1;
+}
 
 static int cmp_double(const void *a, const void *b) {
   const double x = *(const double *)a, y = *(const double *)b;
@@ -121,6 +154,7 @@ int main(int argc, char **argv) {
   MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
   MPI_Comm_size(MPI_COMM_WORLD, &g_world);
   const char *shape_name = "gpt2", *buckets = "1,4,25,100", *backend = "cpu", *kind = "adamw";
+  const char *dtype = "f32", *master = NULL, *state = "f32";
   int iters = 5, warmup = 1, zero = 0, threads = 0, csv = 0, comm_sms = 0;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -131,6 +165,9 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "--zero") && v) zero = atoi(argv[++i]);
     else if (!strcmp(a, "--backend") && v) backend = argv[++i];
     else if (!strcmp(a, "--kind") && v) kind = argv[++i];
+    else if (!strcmp(a, "--dtype") && v) dtype = argv[++i];
+    else if (!strcmp(a, "--master") && v) master = argv[++i];
+    else if (!strcmp(a, "--state-dtype") && v) state = argv[++i];
     else if (!strcmp(a, "--threads") && v) threads = atoi(argv[++i]);
     else if (!strcmp(a, "--comm-sms") && v) comm_sms = atoi(argv[++i]);
     else if (!strcmp(a, "--csv")) csv = 1;
@@ -141,6 +178,17 @@ int main(int argc, char **argv) {
   DIE_IF(strcmp(kind, "adamw") && strcmp(kind, "sgd") && strcmp(kind, "lamb"),
          "--kind must be adamw, sgd or lamb");
   DIE_IF(zero != 0 && zero != 1, "--zero must be 0 or 1");
+  static const char *const dtypes[] = {"f32", "bf16"}, *const masters[] = {"none", "f32",
+                                                                          "remainder"};
+  const int bf16 = pick(dtype, dtypes, 2), st16 = pick(state, dtypes, 2);
+  DIE_IF(bf16 < 0, "--dtype must be f32 or bf16");
+  DIE_IF(st16 < 0, "--state-dtype must be f32 or bf16");
+  if (!master) master = bf16 ? "f32" : "none";
+  const int mw = pick(master, masters, 3);
+  DIE_IF(mw < 0, "--master must be f32, remainder or none");
+  DIE_IF(!bf16 && mw != 0, "--master %s: fp32 weights have no master (add --dtype bf16)", master);
+  const mtopt_dtype_t dt = bf16 ? MTOPT_DTYPE_BF16 : MTOPT_DTYPE_F32;
+  const size_t es = bf16 ? 2 : 4; /* bytes per weight and per gradient */
   DIE_IF(!strcmp(backend, "cuda") && !mtopt_backend_available(MTOPT_BACKEND_CUDA),
          "--backend cuda: no CUDA device (or a build without CUDA)");
 
@@ -160,33 +208,45 @@ int main(int argc, char **argv) {
             : !strcmp(kind, "lamb") ? MTOPT_OPTIMIZER_LAMB
                                     : MTOPT_OPTIMIZER_ADAMW;
   if (oc.kind == MTOPT_OPTIMIZER_SGD) oc.momentum = 0.9f;
+  oc.master_weights = mw == 1 ? MTOPT_MASTER_F32 : mw == 2 ? MTOPT_MASTER_REMAINDER
+                                                           : MTOPT_MASTER_NONE;
+  oc.state_dtype = st16 ? MTOPT_DTYPE_BF16 : MTOPT_DTYPE_F32;
 
-  /* One parameter slab in the context's memory, every tensor 16-byte
-   * aligned, filled from the host. */
+  /* One parameter slab of the weights' dtype in the context's memory, every
+   * tensor 16-byte aligned, filled from the host. */
   int64_t *off = malloc((size_t)shape.n * sizeof *off), total = 0;
   for (int64_t i = 0; i < shape.n; i++) {
     off[i] = total;
-    total += (shape.numel[i] + 3) / 4 * 4;
+    total += (shape.numel[i] + 7) / 8 * 8;
   }
-  float *params = NULL;
-  OK(ctx->ops->alloc(ctx, (size_t)total * sizeof(float), (void **)&params));
+  char *params = NULL;
+  OK(ctx->ops->alloc(ctx, (size_t)total * es, (void **)&params));
   {
-    float *h = malloc((size_t)total * sizeof(float));
+    void *h = malloc((size_t)total * es);
     DIE_IF(!h, "out of host memory");
-    for (int64_t i = 0; i < total; i++) h[i] = (float)((i * 2654435761u) % 2001) * 1e-3f - 1.0f;
-    OK(ctx->ops->upload(ctx, params, h, (size_t)total * sizeof(float)));
+    for (int64_t i = 0; i < total; i++) {
+      const float x = (float)((i * 2654435761u) % 2001) * 1e-3f - 1.0f;
+      if (bf16) ((uint16_t *)h)[i] = to_bf16(x);
+      else ((float *)h)[i] = x;
+    }
+    OK(ctx->ops->upload(ctx, params, h, (size_t)total * es));
     free(h);
   }
-  const double gbytes = (double)shape.total * sizeof(float);
+  const double gbytes = (double)shape.total * (double)es; /* gradient bytes */
   if (g_rank == 0) {
-    printf("# mtopt_dist_bench: %s (%lld tensors, %lld params, %.1f MB of gradients), %d "
+    printf("# mtopt_dist_bench: %s (%lld tensors, %lld params, %.1f MB of %s gradients), %d "
            "ranks, %s, %s, zero_stage %d, median of %d (warm-up %d)\n",
-           shape.name, (long long)shape.n, (long long)shape.total, gbytes / 1e6, g_world,
+           shape.name, (long long)shape.n, (long long)shape.total, gbytes / 1e6, dtype, g_world,
            backend, kind, zero, iters, warmup);
+    printf("# weights and gradients %s (buckets reduced in %s), master %s, state %s\n", dtype,
+           dtype, master, state);
     printf("# comm: collectives alone; step: local step alone; epilogue: mtopt_dist_step "
            "(overlapped); e/c = epilogue / comm; saved = (comm + step - epilogue) / "
            "min(comm, step); colls = collectives per step\n");
     printf("# algbw = gradient bytes / comm; busbw = algbw * 2(n-1)/n (nccl-tests)\n");
+    printf("# state_B/p = optimizer state and masters owned on rank 0 / parameters; total_B/p "
+           "adds its gradient buffer and (ZeRO-1) reduced shard and staging "
+           "(mtopt_dist_optimizer_get_memory; the weights are not counted)\n");
     if (g_world == 1)
       printf("# 1 rank: busbw is 0 by definition (2(n-1)/n = 0: no bytes cross a link); "
              "comm is the per-call cost of the collectives (%s)\n",
@@ -217,22 +277,34 @@ int main(int argc, char **argv) {
         printf("# SM partition (comm_sm_count %d): none\n", comm_sms);
       if (csv)
         printf("bucket_mb,buckets,colls,comm_ms,step_ms,epilogue_ms,epilogue_over_comm,saved,"
-               "algbw_gbs,busbw_gbs\n");
+               "algbw_gbs,busbw_gbs,state_bytes_per_param,total_bytes_per_param\n");
       else
-        printf("%9s %7s %5s %10s %10s %11s %6s %7s %11s %11s\n", "bucket_MB", "buckets",
-               "colls", "comm_ms", "step_ms", "epilogue_ms", "e/c", "saved", "algbw_GB/s",
-               "busbw_GB/s");
+        printf("%9s %7s %5s %10s %10s %11s %6s %7s %11s %11s %9s %9s\n", "bucket_MB",
+               "buckets", "colls", "comm_ms", "step_ms", "epilogue_ms", "e/c", "saved",
+               "algbw_GB/s", "busbw_GB/s", "state_B/p", "total_B/p");
     }
     mtopt_tensor_list_t *l = NULL;
     OK(mtopt_tensor_list_create(ctx, &l));
-    for (int64_t i = 0; i < shape.n; i++)
-      OK(mtopt_tensor_list_add_f32(l, params + off[i], NULL, shape.numel[i], 0, NULL));
+    for (int64_t i = 0; i < shape.n; i++) {
+      mtopt_tensor_desc_t td = MTOPT_TENSOR_DESC_INIT;
+      td.param = params + (size_t)off[i] * es;
+      td.grad = NULL; /* the distributed optimizer's contiguous buffer */
+      td.numel = shape.numel[i];
+      td.param_dtype = dt;
+      td.grad_dtype = dt;
+      OK(mtopt_tensor_list_add(l, &td, NULL));
+    }
     run_t r = {NULL, NULL, ctx};
     OK(mtopt_dist_optimizer_create(comm, l, &oc, &r.d));
     OK(mtopt_dist_optimizer_get_optimizer(r.d, &r.inner));
     int nb = 0;
     OK(mtopt_dist_get_bucket_count(r.d, &nb));
     const int colls = mtopt__dist_segment_count(r.d);
+    mtopt_dist_memory_t mem = MTOPT_DIST_MEMORY_INIT;
+    OK(mtopt_dist_optimizer_get_memory(r.d, &mem));
+    const double np_ = mem.params > 0 ? (double)mem.params : 1.0;
+    const double state_bp = (double)mem.state_bytes / np_;
+    const double total_bp = (double)(mem.state_bytes + mem.grad_bytes + mem.shard_bytes) / np_;
     OK(mtopt_dist_optimizer_zero_grad(r.d)); /* timing does not depend on the values */
     const double tc = time_it(run_comm, &r, warmup, iters);
     const double ts = time_it(run_step, &r, warmup, iters);
@@ -244,14 +316,17 @@ int main(int argc, char **argv) {
     if (g_rank == 0) {
       const double ratio = tc > 0 ? te / tc : 0.0;
       if (csv)
-        printf("%g,%d,%d,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f\n", mb, nb, colls, tc * 1e3,
-               ts * 1e3, te * 1e3, ratio, g_world > 1 ? saved : 0.0, algbw, busbw);
+        printf("%g,%d,%d,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f\n", mb, nb, colls,
+               tc * 1e3, ts * 1e3, te * 1e3, ratio, g_world > 1 ? saved : 0.0, algbw, busbw,
+               state_bp, total_bp);
       else if (g_world == 1)
-        printf("%9g %7d %5d %10.3f %10.2f %11.2f %6s %7s %11.2f %11s\n", mb, nb, colls,
-               tc * 1e3, ts * 1e3, te * 1e3, "-", "-", algbw, "0 (1 rank)");
+        printf("%9g %7d %5d %10.3f %10.2f %11.2f %6s %7s %11.2f %11s %9.2f %9.2f\n", mb, nb,
+               colls, tc * 1e3, ts * 1e3, te * 1e3, "-", "-", algbw, "0 (1 rank)", state_bp,
+               total_bp);
       else
-        printf("%9g %7d %5d %10.2f %10.2f %11.2f %6.3f %6.0f%% %11.2f %11.2f\n", mb, nb, colls,
-               tc * 1e3, ts * 1e3, te * 1e3, ratio, 100.0 * saved, algbw, busbw);
+        printf("%9g %7d %5d %10.2f %10.2f %11.2f %6.3f %6.0f%% %11.2f %11.2f %9.2f %9.2f\n", mb,
+               nb, colls, tc * 1e3, ts * 1e3, te * 1e3, ratio, 100.0 * saved, algbw, busbw,
+               state_bp, total_bp);
       fflush(stdout);
     }
     OK(mtopt_dist_optimizer_destroy(r.d));

@@ -1,6 +1,8 @@
 /* The distributed layer under mpirun: the CPU backend (MPI collectives) at
  * -np 1, 2 and 3, and the CUDA backend (NCCL) with `--backend cuda` or
- * MTOPT_TEST_BACKEND=cuda (one GPU per rank; ctest runs it at -np 1).
+ * MTOPT_TEST_BACKEND=cuda (one GPU per rank; ctest runs it at -np 1). The
+ * rig (backend memory, failure recording, main) is dist_rig.h's; the
+ * mixed-precision tables and checkpoints are dist_mixed.c's.
  *
  * The oracle: one process stepping the plain optimizer, on the same backend,
  * on the averaged gradient. Every rank's gradients are small integers, so
@@ -14,13 +16,7 @@
  *
  * On CUDA the model (weights of the distributed and of the reference
  * optimizer) lives in cudaMalloc'd memory; gradients are built on the host and
- * copied in, results copied out after mtopt_dist_synchronize. CUDA is touched
- * only after MPI_Init, never before: the suite does not fork.
- *
- * MPI cannot fork: the suite runs with CK_NOFORK, and a test records failures
- * and asserts only after its last collective, so that a failing rank does not
- * leave the others waiting in a collective. The exit code counts failures on
- * every rank; 77 (skipped) with --backend cuda where a rank has no GPU. */
+ * copied in, results copied out after mtopt_dist_synchronize. */
 #include <mpi.h>
 
 #include <check.h>
@@ -36,197 +32,20 @@
 #include "mtopt/mtopt.h"
 #include "mtopt/mtopt_dist.h"
 #include "dist/dist_internal.h"
-#include "dist_util.h"
+#include "dist_rig.h"
 #include "test_util.h"
 
-static int g_rank, g_world;
-static uint64_t g_seed;
-static mtopt_backend_t g_backend = MTOPT_BACKEND_CPU;
-static int g_device; /* CUDA: this rank's device */
-
-/* ---- the backend's memory: host memory on the CPU, device memory on CUDA.
- * Set-up and read-back helpers for the tests; a CUDA failure fails the test
- * (ck_assert), as a failed malloc would. */
-
-static mtopt_context_t *test_context(void) {
-  if (g_backend == MTOPT_BACKEND_CPU) return tu_cpu_context();
-  mtopt_context_config_t cc = MTOPT_CONTEXT_CONFIG_INIT;
-  cc.backend = g_backend;
-  cc.device = g_device;
-  mtopt_context_t *ctx = NULL;
-  TU_OK(mtopt_context_create(&cc, &ctx));
-  return ctx;
-}
-
-#ifdef MTOPT_HAVE_CUDA
-#define CU(call)                                                               \
-  do {                                                                         \
-    cudaError_t cu_e_ = (call);                                                \
-    ck_assert_msg(cu_e_ == cudaSuccess, "rank %d: %s: %s", g_rank, #call,     \
-                  cudaGetErrorString(cu_e_));                                  \
-  } while (0)
-#endif
-
-/* n floats (at least one) in the backend's memory. */
-static float *mem_alloc(int64_t n) {
-  const size_t bytes = (size_t)(n > 0 ? n : 1) * sizeof(float);
-#ifdef MTOPT_HAVE_CUDA
-  if (g_backend == MTOPT_BACKEND_CUDA) {
-    void *p = NULL;
-    CU(cudaMalloc(&p, bytes));
-    return p;
-  }
-#endif
-  float *p = malloc(bytes);
-  ck_assert_ptr_nonnull(p);
-  return p;
-}
-
-static void mem_free(float *p) {
-#ifdef MTOPT_HAVE_CUDA
-  if (g_backend == MTOPT_BACKEND_CUDA) {
-    if (p) CU(cudaFree(p));
-    return;
-  }
-#endif
-  free(p);
-}
-
-/* Host -> backend memory. cudaMemcpy runs on the legacy default stream, the
- * test contexts' stream, so it is ordered with the library's work there. */
-static void mem_put(float *dst, const float *src, int64_t n) {
-  if (n <= 0) return;
-#ifdef MTOPT_HAVE_CUDA
-  if (g_backend == MTOPT_BACKEND_CUDA) {
-    CU(cudaMemcpy(dst, src, (size_t)n * sizeof(float), cudaMemcpyHostToDevice));
-    return;
-  }
-#endif
-  memcpy(dst, src, (size_t)n * sizeof(float));
-}
-
-/* Backend memory -> host (after the work on the default stream). */
-static void mem_get(float *dst, const float *src, int64_t n) {
-  if (n <= 0) return;
-#ifdef MTOPT_HAVE_CUDA
-  if (g_backend == MTOPT_BACKEND_CUDA) {
-    CU(cudaMemcpy(dst, src, (size_t)n * sizeof(float), cudaMemcpyDeviceToHost));
-    return;
-  }
-#endif
-  memcpy(dst, src, (size_t)n * sizeof(float));
-}
-
-/* Whether the distributed average is bit-identical to the host reference's
- * sum * (float)(1/world) (see the top of the file). */
-static int average_is_exact(void) {
-  return g_backend == MTOPT_BACKEND_CPU || (g_world & (g_world - 1)) == 0;
-}
-
-/* ---- failure recording ---- */
-typedef struct {
-  int bad;
-  char msg[2048];
-} rec_t;
-
-#define EXPECT(r, cond, ...)                                                   \
-  do {                                                                         \
-    if (!(cond)) {                                                             \
-      if (!(r)->bad) snprintf((r)->msg, sizeof (r)->msg, __VA_ARGS__);        \
-      (r)->bad++;                                                              \
-    }                                                                          \
-  } while (0)
-#define EXPECT_ST(r, expr, want)                                               \
-  do {                                                                         \
-    mtopt_status_t e_st_ = (expr);                                             \
-    EXPECT(r, e_st_ == (want), "rank %d: %s -> %s, expected %s (%s)", g_rank, #expr, \
-           mtopt_status_name(e_st_), mtopt_status_name(want), mtopt_last_error()); \
-  } while (0)
-#define EXPECT_OK(r, expr) EXPECT_ST(r, expr, MTOPT_STATUS_SUCCESS)
-#define REC_ASSERT(r) ck_assert_msg(!(r).bad, "%d failures; first: %s", (r).bad, (r).msg)
-
-/* ---- the model ---- */
+/* ---- the model: F32 tensors, 256-byte aligned; one empty, the last (bucket
+ * 0, alone) over twice its size ---- */
 #define NT 10
 
-typedef struct {
+static void dist_model(model_t *m) {
+  static const int f32[1] = {MTOPT_DTYPE_F32};
   int64_t numel[NT];
-  float *param[NT]; /* stepped by the distributed optimizer (backend memory) */
-  float *ref[NT];   /* stepped by the reference (backend memory) */
-  float *init[NT];  /* the initial weights (host) */
-} model_t;
-
-static void model_init(model_t *m) {
   tu_rng_t r;
   tu_rng_init(&r, g_seed ^ 0x5eed);
-  for (int t = 0; t < NT; t++) {
-    /* one empty tensor; the last (bucket 0, alone) over twice its size */
-    m->numel[t] = t == 4 ? 0 : t == NT - 1 ? 700 : tu_int(&r, 1, 700);
-    const int64_t n = m->numel[t] > 0 ? m->numel[t] : 1;
-    m->init[t] = malloc((size_t)n * sizeof(float));
-    tu_fill(&r, m->init[t], m->numel[t], -1.0f, 1.0f);
-    m->param[t] = mem_alloc(n);
-    m->ref[t] = mem_alloc(n);
-    mem_put(m->param[t], m->init[t], m->numel[t]);
-    mem_put(m->ref[t], m->init[t], m->numel[t]);
-  }
-}
-
-static void model_free(model_t *m) {
-  for (int t = 0; t < NT; t++) {
-    mem_free(m->param[t]);
-    mem_free(m->ref[t]);
-    free(m->init[t]);
-  }
-}
-
-/* A tensor of backend memory, read into a NaN-poisoned host buffer. */
-static void read_back(float *host, const float *mem, int64_t n) {
-  tu_poison(host, n);
-  mem_get(host, mem, n);
-}
-
-/* Tensors with grad == NULL; tensor 2 without weight decay, 5 and 6 in group
- * 1. extra_numel > 0 appends a tensor (a plan that differs). */
-static mtopt_tensor_list_t *make_list(mtopt_context_t *ctx, float **params, const model_t *m,
-                                      int64_t change_numel3, rec_t *rec) {
-  mtopt_tensor_list_t *l = NULL;
-  EXPECT_OK(rec, mtopt_tensor_list_create(ctx, &l));
-  if (!l) return NULL;
-  EXPECT_OK(rec, mtopt_tensor_list_set_group(l, 1, 0.5f, 0.25f));
-  for (int t = 0; t < NT; t++) {
-    mtopt_tensor_desc_t d = MTOPT_TENSOR_DESC_INIT;
-    d.param = m->numel[t] ? params[t] : NULL;
-    d.numel = m->numel[t];
-    if (t == 3 && change_numel3) d.numel = change_numel3;
-    d.flags = t == 2 ? MTOPT_TENSOR_NO_WEIGHT_DECAY : 0u;
-    d.group = (t == 5 || t == 6) ? 1 : 0;
-    char name[16];
-    snprintf(name, sizeof name, "t%d", t);
-    d.name = name;
-    EXPECT_OK(rec, mtopt_tensor_list_add(l, &d, NULL));
-  }
-  return l;
-}
-
-/* Rank q's gradient at step s: non-zero small integers. */
-static float grad_value(tu_rng_t *r) {
-  const float v = (float)tu_int(r, 1, 6);
-  return (tu_next(r) & 1) ? v : -v;
-}
-
-static void rank_grad(int s, int q, int t, int64_t n, float *g) {
-  tu_rng_t r;
-  tu_rng_init(&r, g_seed + 1000003u * (uint64_t)s + 7919u * (uint64_t)q + 31u * (uint64_t)t);
-  for (int64_t i = 0; i < n; i++) g[i] = grad_value(&r);
-}
-
-static mtopt_comm_config_t small_buckets(int zero) {
-  mtopt_comm_config_t c = MTOPT_COMM_CONFIG_INIT;
-  c.first_bucket_bytes = 512;
-  c.bucket_bytes = 2048;
-  c.timeout_ms = 30000;
-  c.zero_stage = zero;
-  return c;
+  for (int t = 0; t < NT; t++) numel[t] = t == 4 ? 0 : t == NT - 1 ? 700 : tu_int(&r, 1, 700);
+  model_init(m, NT, numel, f32, f32, 1, 0, 0x5eed);
 }
 
 /* ---- equivalence with a single process ---- */
@@ -283,8 +102,8 @@ START_TEST(test_equivalence) {
   const eq_case_t *c = &eq_cases[_i];
   rec_t rec = {0};
   mtopt_context_t *ctx = test_context();
-  model_t m;
-  model_init(&m);
+  static model_t m;
+  dist_model(&m);
   mtopt_comm_config_t cc = small_buckets(c->zero);
   cc.comm_sm_count = c->comm_sms;
   mtopt_comm_t *comm = NULL;
@@ -298,68 +117,28 @@ START_TEST(test_equivalence) {
   }
   EXPECT(&rec, cst == MTOPT_STATUS_SUCCESS, "%s: %s", mtopt_status_name(cst), mtopt_last_error());
   const mtopt_optimizer_config_t oc = case_config(c);
-  mtopt_tensor_list_t *dl = make_list(ctx, m.param, &m, 0, &rec);
-  mtopt_tensor_list_t *rl = make_list(ctx, m.ref, &m, 0, &rec);
+  mtopt_tensor_list_t *dl = model_list(ctx, &m, 0, -1, NULL, 0, &rec);
+  mtopt_tensor_list_t *rl = model_list(ctx, &m, 1, -1, NULL, 0, &rec);
   mtopt_dist_optimizer_t *dopt = NULL;
-  mtopt_optimizer_t *ref = NULL;
+  mtopt_optimizer_t *ref = NULL, *inner = NULL;
   EXPECT_OK(&rec, mtopt_dist_optimizer_create(comm, dl, &oc, &dopt));
   EXPECT_OK(&rec, mtopt_optimizer_create(ctx, rl, &oc, &ref));
   const int exact = c->exact && average_is_exact();
-  float *tmp = malloc(800 * sizeof(float)), *dh = malloc(800 * sizeof(float)),
-        *rh = malloc(800 * sizeof(float));
+  static float dh[DR_MAXN], rh[DR_MAXN];
   if (!dopt || !ref) goto done;
+  EXPECT_OK(&rec, mtopt_dist_optimizer_get_optimizer(dopt, &inner));
 
   int nb = 0;
   EXPECT_OK(&rec, mtopt_dist_get_bucket_count(dopt, &nb));
   EXPECT(&rec, nb >= 3, "only %d buckets: the test wants several", nb);
-  const float inv = (float)(1.0 / (double)g_world);
-  for (int s = 0; s < 3; s++) {
-    EXPECT_OK(&rec, mtopt_dist_optimizer_zero_grad(dopt));
-    for (int t = 0; t < NT; t++) {
-      const int64_t n = m.numel[t];
-      if (!n) continue;
-      float *dg = NULL, *rg = NULL;
-      EXPECT_OK(&rec, mtopt_dist_optimizer_get_grad(dopt, t, (void **)&dg));
-      EXPECT_OK(&rec, mtopt_optimizer_get_grad(ref, t, (void **)&rg));
-      if (!dg || !rg) continue;
-      rank_grad(s, g_rank, t, n, dh);
-      for (int64_t i = 0; i < n; i++) rh[i] = 0.0f;
-      for (int q = 0; q < g_world; q++) {
-        rank_grad(s, q, t, n, tmp);
-        for (int64_t i = 0; i < n; i++) rh[i] += tmp[i];
-      }
-      for (int64_t i = 0; i < n; i++) rh[i] *= inv;
-      if (c->loss_scale && s == 1 && t == 0) { /* one rank overflows */
-        if (g_rank == g_world - 1) dh[0] = INFINITY;
-        rh[0] = INFINITY;
-      }
-      mem_put(dg, dh, n);
-      mem_put(rg, rh, n);
-    }
-    /* Mark a random subset of buckets in a random order (different on every
-     * rank); the step marks the rest. */
-    tu_rng_t r;
-    tu_rng_init(&r, g_seed * 3 + (uint64_t)(g_rank * 17 + s));
-    int perm[64];
-    for (int k = 0; k < nb && k < 64; k++) perm[k] = k;
-    for (int k = nb - 1; k > 0; k--) {
-      const int j = (int)tu_int(&r, 0, k), x = perm[k];
-      perm[k] = perm[j];
-      perm[j] = x;
-    }
-    const int nmark = (int)tu_int(&r, 0, nb);
-    for (int k = 0; k < nmark; k++) EXPECT_OK(&rec, mtopt_dist_bucket_ready(dopt, perm[k]));
-    EXPECT_OK(&rec, mtopt_dist_step(dopt));
-    EXPECT_OK(&rec, mtopt_optimizer_step(ref));
-  }
-  /* CUDA: the step only enqueued; wait (bounded) and surface NCCL errors. */
-  EXPECT_OK(&rec, mtopt_dist_synchronize(dopt));
+  for (int s = 0; s < 3; s++) /* loss scaling: one rank's overflow at step 1 */
+    step_both(&m, dopt, ref, s, 1.0f, c->loss_scale && s == 1 ? 0 : -1, &rec);
   EXPECT_OK(&rec, mtopt_context_synchronize(ctx));
 
   for (int t = 0; t < NT; t++) {
     const int64_t n = m.numel[t];
-    read_back(dh, m.param[t], n);
-    read_back(rh, m.ref[t], n);
+    mem_get_as(dh, m.w[0][t], MTOPT_DTYPE_F32, n);
+    mem_get_as(rh, m.w[1][t], MTOPT_DTYPE_F32, n);
     if (exact) {
       const int64_t k = tu_first_bit_diff(dh, rh, n);
       EXPECT(&rec, k < 0, "%s, rank %d/%d: tensor %d differs from the reference at %lld: %.9g vs %.9g",
@@ -375,27 +154,10 @@ START_TEST(test_equivalence) {
     EXPECT(&rec, n == 0 || tu_first_bit_diff(dh, m.init[t], n) >= 0,
            "%s: tensor %d never moved", c->name, t);
   }
-  /* zero_stage 0 keeps the whole state: it must match too. */
-  if (!c->zero && exact) {
-    mtopt_optimizer_t *inner = NULL;
-    EXPECT_OK(&rec, mtopt_dist_optimizer_get_optimizer(dopt, &inner));
-    const mtopt_state_t which =
-        c->kind == MTOPT_OPTIMIZER_SGD ? MTOPT_STATE_MOMENTUM : MTOPT_STATE_EXP_AVG_SQ;
-    float a[800], b[800];
-    for (int t = 0; t < NT && inner; t++) {
-      if (!m.numel[t]) continue;
-      tu_poison(a, m.numel[t]);
-      tu_poison(b, m.numel[t]);
-      EXPECT_OK(&rec, mtopt_optimizer_read_state(inner, t, which, a));
-      EXPECT_OK(&rec, mtopt_optimizer_read_state(ref, t, which, b));
-      EXPECT(&rec, tu_first_bit_diff(a, b, m.numel[t]) < 0, "%s: state of tensor %d differs",
-             c->name, t);
-    }
-  }
+  /* The state (ZeRO-1: each rank's slices of it) must match too. */
+  if (exact) same_state(&m, c->zero, c->kind, MTOPT_MASTER_NONE, inner, ref, &rec);
   /* Step bookkeeping: the same on every rank and as the reference. */
   {
-    mtopt_optimizer_t *inner = NULL;
-    EXPECT_OK(&rec, mtopt_dist_optimizer_get_optimizer(dopt, &inner));
     mtopt_step_info_t di = MTOPT_STEP_INFO_INIT, ri = MTOPT_STEP_INFO_INIT;
     EXPECT_OK(&rec, mtopt_optimizer_get_step_info(inner, &di));
     EXPECT_OK(&rec, mtopt_optimizer_get_step_info(ref, &ri));
@@ -412,9 +174,6 @@ START_TEST(test_equivalence) {
              (double)ri.last_grad_norm);
   }
 done:
-  free(tmp);
-  free(dh);
-  free(rh);
   EXPECT_OK(&rec, mtopt_dist_optimizer_destroy(dopt));
   EXPECT_OK(&rec, mtopt_optimizer_destroy(ref));
   EXPECT_OK(&rec, mtopt_comm_destroy(comm));
@@ -432,8 +191,8 @@ START_TEST(test_bucket_plan) {
   rec_t rec = {0};
   const int zero = _i;
   mtopt_context_t *ctx = test_context();
-  model_t m;
-  model_init(&m);
+  static model_t m;
+  dist_model(&m);
   mtopt_comm_config_t cc = small_buckets(zero);
   mtopt_comm_t *comm = NULL;
   EXPECT_OK(&rec, mtopt_comm_create_mpi(ctx, MPI_COMM_WORLD, &cc, &comm));
@@ -443,7 +202,7 @@ START_TEST(test_bucket_plan) {
   EXPECT(&rec, r == g_rank && w == g_world, "rank/size %d/%d", r, w);
   EXPECT_OK(&rec, mtopt_comm_local_rank(MPI_COMM_WORLD, &local));
   EXPECT(&rec, local >= 0 && local < g_world, "local rank %d", local);
-  mtopt_tensor_list_t *l = make_list(ctx, m.param, &m, 0, &rec);
+  mtopt_tensor_list_t *l = model_list(ctx, &m, 0, -1, NULL, 0, &rec);
   mtopt_optimizer_config_t oc = MTOPT_OPTIMIZER_CONFIG_INIT;
   oc.chunk_size = 64;
   mtopt_dist_optimizer_t *d = NULL;
@@ -451,7 +210,7 @@ START_TEST(test_bucket_plan) {
   REC_ASSERT(rec); /* nothing below means anything without the optimizer */
   EXPECT_ST(&rec, mtopt_comm_destroy(comm), MTOPT_STATUS_INVALID_USAGE);
   /* The list is frozen. */
-  EXPECT_ST(&rec, mtopt_tensor_list_add_f32(l, m.param[0], NULL, 1, 0, NULL),
+  EXPECT_ST(&rec, mtopt_tensor_list_add_f32(l, m.w[0][0], NULL, 1, 0, NULL),
             MTOPT_STATUS_INVALID_USAGE);
   int nb = 0;
   EXPECT_OK(&rec, mtopt_dist_get_bucket_count(d, &nb));
@@ -674,27 +433,23 @@ START_TEST(test_plan_mismatch) {
   rec_t rec = {0};
   const int odd = g_world > 1 && g_rank == g_world - 1;
   mtopt_context_t *ctx = test_context();
-  model_t m;
-  model_init(&m);
+  static model_t m;
+  dist_model(&m);
   mtopt_comm_config_t cc = small_buckets(_i == 2);
   if (_i == 1 && odd) cc.bucket_bytes = 4096;
   mtopt_comm_t *comm = NULL;
   EXPECT_OK(&rec, mtopt_comm_create_mpi(ctx, MPI_COMM_WORLD, &cc, &comm));
-  /* Variant 0 and 2: the last rank's tensor 3 is one element longer (its
-   * buffer has room: model tensors are at least 1 long, allocated n). */
-  float *params[NT];
-  for (int t = 0; t < NT; t++) params[t] = m.param[t];
-  float *big = mem_alloc(m.numel[3] + 1);
+  /* Variant 0 and 2: the last rank's tensor 3 is one element longer (every
+   * rank registers it in a copy with room for one more). */
+  float *big = mem_alloc((size_t)(m.numel[3] + 1) * sizeof(float));
   {
-    float *h = malloc((size_t)(m.numel[3] + 1) * sizeof(float));
+    float h[DR_MAXN + 1];
     memcpy(h, m.init[3], (size_t)m.numel[3] * sizeof(float));
     h[m.numel[3]] = 0.5f;
-    mem_put(big, h, m.numel[3] + 1);
-    free(h);
+    mem_put(big, h, (size_t)(m.numel[3] + 1) * sizeof(float));
   }
-  params[3] = big;
-  mtopt_tensor_list_t *l =
-      make_list(ctx, params, &m, (_i != 1 && odd) ? m.numel[3] + 1 : 0, &rec);
+  mtopt_tensor_list_t *l = model_list(ctx, &m, 0, 3, big,
+                                      m.numel[3] + ((_i != 1 && odd) ? 1 : 0), &rec);
   mtopt_optimizer_config_t oc = MTOPT_OPTIMIZER_CONFIG_INIT;
   oc.chunk_size = 64;
   mtopt_dist_optimizer_t *d = NULL;
@@ -732,13 +487,13 @@ START_TEST(test_timeout) {
   if (g_backend != MTOPT_BACKEND_CPU) return;
   rec_t rec = {0};
   mtopt_context_t *ctx = test_context();
-  model_t m;
-  model_init(&m);
+  static model_t m;
+  dist_model(&m);
   mtopt_comm_config_t cc = small_buckets(0);
   cc.timeout_ms = g_rank == 0 ? 300 : 30000;
   mtopt_comm_t *comm = NULL;
   EXPECT_OK(&rec, mtopt_comm_create_mpi(ctx, MPI_COMM_WORLD, &cc, &comm));
-  mtopt_tensor_list_t *l = make_list(ctx, m.param, &m, 0, &rec);
+  mtopt_tensor_list_t *l = model_list(ctx, &m, 0, -1, NULL, 0, &rec);
   mtopt_optimizer_config_t oc = MTOPT_OPTIMIZER_CONFIG_INIT;
   oc.chunk_size = 64;
   mtopt_dist_optimizer_t *d = NULL;
@@ -749,7 +504,7 @@ START_TEST(test_timeout) {
     if (g) {
       float h[800];
       rank_grad(0, g_rank, t, m.numel[t], h);
-      mem_put(g, h, m.numel[t]);
+      mem_put_as(g, MTOPT_DTYPE_F32, h, m.numel[t]);
     }
   }
   if (g_rank == 0) {
@@ -758,7 +513,7 @@ START_TEST(test_timeout) {
            mtopt_last_error());
     for (int t = 0; t < NT; t++) {
       float h[800];
-      read_back(h, m.param[t], m.numel[t]);
+      mem_get_as(h, m.w[0][t], MTOPT_DTYPE_F32, m.numel[t]);
       EXPECT(&rec, tu_first_bit_diff(h, m.init[t], m.numel[t]) < 0,
              "tensor %d changed by a step that failed", t);
     }
@@ -780,6 +535,69 @@ START_TEST(test_timeout) {
 }
 END_TEST
 
+static float round16(float x) { return mtopt__f16_to_f32(mtopt__f32_to_f16(x)); }
+
+/* F16 gradients each rank holds finite, whose sum over ranks is not (two
+ * ranks' 40000 sum past 65504): the average is finite, so the step must not
+ * be skipped, and the averaged gradient must be each rank's value over the
+ * world, rounded (every transport scales F16 before summing). */
+START_TEST(test_f16_range) {
+  rec_t rec = {0};
+  mtopt_context_t *ctx = test_context();
+  enum { N = 37 };
+  void *w = mem_alloc(N * 2);
+  float h[N], got[N];
+  for (int i = 0; i < N; i++) h[i] = 0.25f + 0.01f * (float)i;
+  mem_put_as(w, MTOPT_DTYPE_F16, h, N);
+  mtopt_comm_config_t cc = small_buckets(_i);
+  mtopt_comm_t *comm = NULL;
+  EXPECT_OK(&rec, mtopt_comm_create_mpi(ctx, MPI_COMM_WORLD, &cc, &comm));
+  mtopt_tensor_list_t *l = NULL;
+  EXPECT_OK(&rec, mtopt_tensor_list_create(ctx, &l));
+  mtopt_tensor_desc_t t = MTOPT_TENSOR_DESC_INIT;
+  t.param = w, t.numel = N, t.param_dtype = t.grad_dtype = MTOPT_DTYPE_F16;
+  EXPECT_OK(&rec, mtopt_tensor_list_add(l, &t, NULL));
+  mtopt_optimizer_config_t oc = MTOPT_OPTIMIZER_CONFIG_INIT;
+  oc.master_weights = MTOPT_MASTER_F32;
+  oc.skip_nonfinite = 1;
+  mtopt_dist_optimizer_t *d = NULL;
+  EXPECT_OK(&rec, mtopt_dist_optimizer_create(comm, l, &oc, &d));
+  void *g = NULL;
+  if (d) EXPECT_OK(&rec, mtopt_dist_optimizer_get_grad(d, 0, &g));
+  /* Rank q's values, exact in f16 (whose spacing is 32 there). */
+#define F16_RANGE_G(i, q) (40000.0f + 32.0f * (float)(i) - 32.0f * (float)(q))
+  for (int i = 0; i < N; i++) h[i] = F16_RANGE_G(i, g_rank);
+  if (g) mem_put_as(g, MTOPT_DTYPE_F16, h, N);
+  if (d) EXPECT_OK(&rec, mtopt_dist_step(d));
+  if (d) EXPECT_OK(&rec, mtopt_dist_synchronize(d));
+  mtopt_optimizer_t *inner = NULL;
+  mtopt_step_info_t si = MTOPT_STEP_INFO_INIT;
+  if (d) EXPECT_OK(&rec, mtopt_dist_optimizer_get_optimizer(d, &inner));
+  if (inner) EXPECT_OK(&rec, mtopt_optimizer_get_step_info(inner, &si));
+  EXPECT(&rec, si.last_skipped == 0 && si.step == 1, "rank %d: skipped %d, step %lld", g_rank,
+         si.last_skipped, (long long)si.step);
+  if (g && !_i) { /* zero_stage 0: the buffer holds the average after the step */
+    mem_get_as(got, g, MTOPT_DTYPE_F16, N);
+    const float inv = (float)(1.0 / (double)g_world);
+    for (int i = 0; i < N; i++) {
+      float want = 0.0f; /* each rank's value scaled, rounded, summed in rank order */
+      for (int q = 0; q < g_world; q++)
+        want = round16(want + round16(F16_RANGE_G(i, q) * inv));
+      /* MPI may add three ranks' values in another order: one f16 ulp. */
+      const float slack = (g_world & (g_world - 1)) ? 32.0f : 0.0f;
+      EXPECT(&rec, fabsf(got[i] - want) <= slack, "rank %d: averaged g[%d] = %g, not %g", g_rank, i,
+             (double)got[i], (double)want);
+    }
+  }
+  EXPECT_OK(&rec, mtopt_dist_optimizer_destroy(d));
+  EXPECT_OK(&rec, mtopt_comm_destroy(comm));
+  EXPECT_OK(&rec, mtopt_tensor_list_destroy(l));
+  EXPECT_OK(&rec, mtopt_context_destroy(ctx));
+  mem_free(w);
+  REC_ASSERT(rec);
+}
+END_TEST
+
 Suite *dist_suite(void) {
   Suite *s = suite_create("dist");
   TCase *tc = tcase_create("dist");
@@ -790,109 +608,8 @@ Suite *dist_suite(void) {
   tcase_add_loop_test(tc, test_equivalence, 0, N_EQ_CASES);
   tcase_add_loop_test(tc, test_plan_mismatch, 0, 3);
   tcase_add_test(tc, test_timeout);
+  tcase_add_loop_test(tc, test_f16_range, 0, 2);
   suite_add_tcase(s, tc);
   return s;
 }
-
-/* --backend cpu|cuda, else MTOPT_TEST_BACKEND, else cpu. -1 on a bad name. */
-static int pick_backend(int argc, char **argv) {
-  const char *name = getenv("MTOPT_TEST_BACKEND");
-  for (int i = 1; i + 1 < argc; i++)
-    if (!strcmp(argv[i], "--backend")) name = argv[i + 1];
-  if (!name || !*name || !strcmp(name, "cpu")) {
-    g_backend = MTOPT_BACKEND_CPU;
-    return 0;
-  }
-  if (!strcmp(name, "cuda")) {
-    g_backend = MTOPT_BACKEND_CUDA;
-    return 0;
-  }
-  return -1;
-}
-
-/* CUDA: every rank needs a GPU of its own (NCCL refuses two ranks on one
- * device) and the build needs NCCL. Picks this rank's device: its node-local
- * rank when every rank sees all the node's GPUs, else device 0 when the
- * launcher gives each rank its own GPU through CUDA_VISIBLE_DEVICES.
- * Collective: 1 on every rank if all can run, else 0 on every rank, with the
- * reason (printed by the ranks that lack a GPU) in *why. */
-static int cuda_ready(const char **why) {
-  int ok = mtopt_backend_available(MTOPT_BACKEND_CUDA);
-  *why = ok ? "" : "no CUDA device (or a build without CUDA)";
-#ifndef MTOPT_HAVE_NCCL
-  if (ok) {
-    ok = 0;
-    *why = "this build has no NCCL (configure with -DMTOPT_WITH_NCCL=ON)";
-  }
-#endif
-#ifdef MTOPT_HAVE_CUDA
-  if (ok) {
-    MPI_Comm node;
-    int local = 0, nlocal = 1, count = 0;
-    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
-    MPI_Comm_rank(node, &local);
-    MPI_Comm_size(node, &nlocal);
-    MPI_Comm_free(&node);
-    if (cudaGetDeviceCount(&count) != cudaSuccess) count = 0;
-    if (count >= nlocal) {
-      g_device = local;
-    } else if (count >= 1 && getenv("CUDA_VISIBLE_DEVICES")) {
-      g_device = 0;
-    } else {
-      ok = 0;
-      *why = "fewer CUDA devices than ranks on this node";
-    }
-    /* The test's own cudaMalloc calls must land on this rank's device: the
-     * library rejects memory of another device. */
-    if (ok && cudaSetDevice(g_device) != cudaSuccess) {
-      ok = 0;
-      *why = "cudaSetDevice failed";
-    }
-  }
-#endif
-  int all = 0;
-  MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-  return all;
-}
-
-int main(int argc, char **argv) {
-  MPI_Init(&argc, &argv);
-  MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &g_world);
-  if (pick_backend(argc, argv) != 0) {
-    if (g_rank == 0) fprintf(stderr, "dist: unknown backend (--backend cpu|cuda)\n");
-    MPI_Finalize();
-    return 2;
-  }
-  /* CUDA is touched only from here on: after MPI_Init, and Check never forks
-   * this suite. */
-  if (g_backend == MTOPT_BACKEND_CUDA) {
-    const char *why = "";
-    if (!cuda_ready(&why)) {
-      if (g_rank == 0 || *why)
-        printf("dist (cuda): rank %d: skipped: %s\n", g_rank,
-               *why ? why : "another rank cannot run it");
-      MPI_Finalize();
-      return 77;
-    }
-  }
-  unsigned long long seed = 0;
-  if (g_rank == 0) seed = tu_seed(); /* printed once, by rank 0 */
-  MPI_Bcast(&seed, 1, MPI_UNSIGNED_LONG_LONG, 0, MPI_COMM_WORLD);
-  g_seed = seed;
-  mtopt__dist_slice_elems = 128;      /* step buckets in slices of 2 chunks */
-  mtopt__dist_min_segment_chunks = 1; /* cut the model's small buckets too */
-
-  SRunner *sr = srunner_create(dist_suite());
-  srunner_set_fork_status(sr, CK_NOFORK); /* MPI processes cannot fork */
-  srunner_run_all(sr, g_rank == 0 ? CK_NORMAL : CK_SILENT);
-  int failed = dist_rank_failures(sr, g_rank);
-  int total = 0;
-  MPI_Allreduce(&failed, &total, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
-  if (g_rank == 0)
-    printf("dist (%s): %d ranks, %d failed checks over all ranks\n",
-           g_backend == MTOPT_BACKEND_CUDA ? "cuda" : "cpu", g_world, total);
-  srunner_free(sr);
-  MPI_Finalize();
-  return total ? 1 : 0;
-}
+int main(int argc, char **argv) { return dist_main(argc, argv, "dist", dist_suite); }

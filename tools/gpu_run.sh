@@ -235,8 +235,9 @@ step mnist_gpu 150 bash -c "set -e; for a in '' '--graph' '--dynamic-loss-scale 
   '--optimizer lamb'; do echo \"--- mnist_mlp --gpu \$a\"; $MNIST --gpu --data $MNIST_DATA \$a \
   --csv /dev/null | tail -7; done"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-step dist_bench 120 bash -c "for z in 0 1; do mpirun -np 1 $BUILD/bench/mtopt_dist_bench \
-  --backend cuda --shape gpt2 --buckets 1,4,25,100 --iters 10 --warmup 2 --zero \$z || exit 1; done"
+step dist_bench 180 bash -c "for d in f32 bf16; do for z in 0 1; do mpirun -np 1 \
+  $BUILD/bench/mtopt_dist_bench --backend cuda --shape gpt2-xl --buckets 25,100 --iters 10 \
+  --warmup 2 --dtype \$d --zero \$z || exit 1; done; done"
 step ctest_cpu 150 ctest --test-dir "$BUILD" -L cpu --output-on-failure -j"$JOBS"
 
 # ---- several GPUs: data parallel across them (issue: multi-GPU verification) ----

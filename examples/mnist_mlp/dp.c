@@ -6,6 +6,7 @@
 #include <stdlib.h>
 
 #include "mlp.h"
+#include "mnist.h" /* dtype_flag */
 
 /* The model is 2.1 MB of gradients: DDP's 1 MiB first bucket would hold all
  * of it. With 256 KiB, bucket 0 holds layers 2 and 3 (W2 b2 W3 b3, 0.5 MB)
@@ -54,21 +55,23 @@ void dp_start(dp_t *dp, int *argc, char ***argv, int force) {
 
 mtopt_optimizer_t *dp_optimizer_create(dp_t *dp, mtopt_context_t *ctx,
                                        mtopt_tensor_list_t *list,
-                                       const mtopt_optimizer_config_t *cfg, void **grads,
-                                       int count) {
+                                       const mtopt_optimizer_config_t *cfg, const char *flags,
+                                       void **grads, int count) {
   mtopt_comm_config_t cc = MTOPT_COMM_CONFIG_INIT;
   cc.first_bucket_bytes = DP_FIRST_BUCKET_BYTES;
   cc.zero_stage = dp->zero_stage;
   MTOPT_CHECK(mtopt_comm_create_mpi(ctx, MPI_COMM_WORLD, &cc, &dp->comm));
-  /* A configuration the distributed layer refuses (16-bit gradients, which
-   * it does not reduce yet; stochastic rounding with ZeRO-1) is refused
-   * alike on every rank, before any collective: say it once and exit
-   * cleanly. */
+  /* A configuration the library refuses (--precision fp16 --master
+   * remainder, LAMB with ZeRO-1) is refused alike on every rank, before any
+   * collective: say it once and exit cleanly. */
   const mtopt_status_t st = mtopt_dist_optimizer_create(dp->comm, list, cfg, &dp->dopt);
   if (st == MTOPT_STATUS_INVALID_ARGUMENT || st == MTOPT_STATUS_NOT_SUPPORTED)
-    dp_die_all(dp, "mtopt_dist_optimizer_create refused this configuration: %s",
-               mtopt_last_error()); /* which starts with the status name */
+    dp_die_all(dp, "mtopt_dist_optimizer_create refused %s --zero %d: %s", flags,
+               dp->zero_stage, mtopt_last_error()); /* which starts with the status name */
   MTOPT_CHECK(st);
+  /* The views are in each tensor's grad_dtype (here the weights' dtype):
+   * backward writes 16-bit gradients into them, and the 16-bit buckets are
+   * reduced in 16 bits. */
   for (int t = 0; t < count; t++)
     MTOPT_CHECK(mtopt_dist_optimizer_get_grad(dp->dopt, t, &grads[t]));
   MTOPT_CHECK(mtopt_dist_get_bucket_count(dp->dopt, &dp->num_buckets));
@@ -80,6 +83,42 @@ mtopt_optimizer_t *dp_optimizer_create(dp_t *dp, mtopt_context_t *ctx,
   mtopt_optimizer_t *inner = NULL;
   MTOPT_CHECK(mtopt_dist_optimizer_get_optimizer(dp->dopt, &inner));
   return inner;
+}
+
+void dp_print(const dp_t *dp, int on_gpu) {
+  if (!dp->on) return;
+  /* Every tensor has the weights' dtype, so every bucket is of one class. */
+  mtopt_dtype_t gdt = MTOPT_DTYPE_F32;
+  if (dp->num_buckets > 0) MTOPT_CHECK(mtopt_dist_get_bucket_dtype(dp->dopt, 0, &gdt, NULL));
+  printf("data parallel: %d rank(s), %s over %s, %d buckets of %s gradients (reduced in "
+         "%s); each rank takes 1/%d of every batch\n",
+         dp->world, dp->zero_stage ? "ZeRO-1 (reduce-scatter, all-gather)" : "all-reduce",
+         on_gpu ? "NCCL" : "MPI", dp->num_buckets, dtype_flag(gdt), dtype_flag(gdt),
+         dp->world);
+  mtopt_dist_memory_t mem = MTOPT_DIST_MEMORY_INIT;
+  MTOPT_CHECK(mtopt_dist_optimizer_get_memory(dp->dopt, &mem));
+  const double n = mem.params > 0 ? (double)mem.params : 1.0;
+  printf("optimizer memory on rank 0: state and masters %.2f B/param, gradients %.2f, "
+         "ZeRO-1 shard %.2f (%lld parameters)\n",
+         (double)mem.state_bytes / n, (double)mem.grad_bytes / n, (double)mem.shard_bytes / n,
+         (long long)mem.params);
+}
+
+/* save and load return the same status on every rank (mtopt_dist.h), so a
+ * failure is the job's, not one rank's: one message, a clean exit. */
+void dp_save(dp_t *dp, const char *path) {
+  const mtopt_status_t st = mtopt_dist_optimizer_save(dp->dopt, path);
+  if (st != MTOPT_STATUS_SUCCESS)
+    dp_die_all(dp, "--save %s: mtopt_dist_optimizer_save failed: %s", path, mtopt_last_error());
+}
+
+void dp_load(dp_t *dp, const char *path) {
+  const mtopt_status_t st = mtopt_dist_optimizer_load(dp->dopt, path);
+  if (st != MTOPT_STATUS_SUCCESS)
+    dp_die_all(dp, "--resume %s: mtopt_dist_optimizer_load failed: %s (--zero 0 reads %s as "
+                   "rank 0 saved it; --zero 1 reads %s.rank<r>-of-<N>, saved with --zero 1 "
+                   "at the same N ranks)",
+               path, mtopt_last_error(), path, path);
 }
 
 int dp_bucket_count(const dp_t *dp) { return dp->on ? dp->num_buckets : 0; }
@@ -154,11 +193,14 @@ void dp_start(dp_t *dp, int *argc, char ***argv, int force) {
 
 mtopt_optimizer_t *dp_optimizer_create(dp_t *dp, mtopt_context_t *ctx,
                                        mtopt_tensor_list_t *list,
-                                       const mtopt_optimizer_config_t *cfg, void **grads,
-                                       int count) {
+                                       const mtopt_optimizer_config_t *cfg, const char *flags,
+                                       void **grads, int count) {
   MLP_DIE("dp_optimizer_create: no MPI in this build");
 }
 int dp_bucket_count(const dp_t *dp) { return 0; }
+void dp_print(const dp_t *dp, int on_gpu) {}
+void dp_save(dp_t *dp, const char *path) { MLP_DIE("dp_save: no MPI in this build"); }
+void dp_load(dp_t *dp, const char *path) { MLP_DIE("dp_load: no MPI in this build"); }
 void dp_tensors_done(dp_t *dp, int64_t first_tensor) {}
 void dp_zero_grad(dp_t *dp) {}
 void dp_step(dp_t *dp) { MLP_DIE("dp_step: no MPI in this build"); }

@@ -38,16 +38,31 @@ typedef struct {
 void dp_start(dp_t *dp, int *argc, char ***argv, int force);
 
 /* Makes the communicator on ctx (CPU: MPI collectives; CUDA: NCCL) and the
- * distributed optimizer over `list` (every tensor added with grad == NULL),
- * writes each tensor's gradient view to grads[0 .. count) and returns the
- * inner optimizer: lr, step info and (zero_stage 0) checkpoints go through
- * it. Collective: every rank calls it. */
+ * distributed optimizer over `list` (every tensor added with grad == NULL,
+ * in any dtypes mtopt steps: fp32, or 16-bit weights and gradients with or
+ * without masters), writes each tensor's gradient view
+ * (mtopt_dist_optimizer_get_grad: numel elements of its grad_dtype) to
+ * grads[0 .. count) and returns the inner optimizer: lr and step info go
+ * through it. A configuration the library refuses is refused alike on every
+ * rank: the message names `flags` (the flags it was made from). Collective:
+ * every rank calls it. */
 mtopt_optimizer_t *dp_optimizer_create(dp_t *dp, mtopt_context_t *ctx,
                                        mtopt_tensor_list_t *list,
-                                       const mtopt_optimizer_config_t *cfg, void **grads,
-                                       int count);
+                                       const mtopt_optimizer_config_t *cfg, const char *flags,
+                                       void **grads, int count);
 /* The number of buckets (0 when off). */
 int dp_bucket_count(const dp_t *dp);
+/* Rank 0's lines about data parallel: ranks, transport, the buckets (count
+ * and dtype) and the memory the distributed optimizer owns on rank 0
+ * (mtopt_dist_optimizer_get_memory). Prints nothing when off. */
+void dp_print(const dp_t *dp, int on_gpu);
+/* Checkpoints through mtopt_dist_optimizer_save / _load: with zero_stage 0
+ * rank 0 writes `path` and every rank reads it; with zero_stage 1 each rank
+ * writes and reads its own shard, "<path>.rank<r>-of-<world>". Collective;
+ * every rank gets the same verdict, so a failure is reported once and every
+ * rank exits (dp_die_all). */
+void dp_save(dp_t *dp, const char *path);
+void dp_load(dp_t *dp, const char *path);
 /* Backward has written the gradients of tensors first_tensor and above:
  * starts the reduction of every bucket that is now complete. */
 void dp_tensors_done(dp_t *dp, int64_t first_tensor);

@@ -18,7 +18,9 @@
  * Mixed precision (--precision bf16|fp16, --master, --state-dtype,
  * --rounding): the weights and gradients are 16-bit tensors registered with
  * mtopt in that dtype; the products take 16-bit inputs and sum in fp32
- * (mlp.h), and mtopt keeps the master weights and rounds as asked.
+ * (mlp.h), and mtopt keeps the master weights and rounds as asked. Under
+ * data parallel the same: the 16-bit gradients are reduced in 16 bits, and
+ * with --zero 1 each rank keeps the masters and state of its shard only.
  *
  * This file: start-up, the backend, the data, the epoch loop and its
  * report. The flags are in options.c, the parameters and the optimizer in
@@ -121,10 +123,6 @@ static void check_dist_options(const options_t *o, const dp_t *dp) {
   if (dp->on && o->graph)
     dp_die_all(dp, "--graph is not supported with data parallel (mtopt_dist_step issues "
                    "collectives; it is not captured into a CUDA graph)");
-  if (dp->on && o->zero_stage == 1 && (o->save || o->resume))
-    dp_die_all(dp, "%s with --zero 1: each rank keeps only 1/%d of the optimizer state and "
-                   "mtopt_dist has no call that saves or loads it as a whole; use --zero 0",
-               o->save ? "--save" : "--resume", dp->world);
 }
 
 /* ----------------------------------------------------------------- main -- */
@@ -139,7 +137,7 @@ int main(int argc, char **argv) {
     MLP_DIE("rank %d: cannot redirect stdout", dp.rank);
   check_dist_options(&o, &dp);
   dp.zero_stage = o.zero_stage;
-  const int lead = dp.rank == 0; /* writes the CSV, the plot, the checkpoints */
+  const int lead = dp.rank == 0; /* writes the CSV and the plot */
   int device = 0;
   const mlp_ops_t *ops = choose_backend(&o, &dp, &device);
 
@@ -179,7 +177,9 @@ int main(int argc, char **argv) {
   mtopt_optimizer_t *opt = NULL;
   if (dp.on) {
     const mtopt_optimizer_config_t cfg = optimizer_config(&o);
-    opt = dp_optimizer_create(&dp, ctx, list, &cfg, m.grad, MLP_TENSORS);
+    char flags[160];
+    precision_flags(&o, flags, sizeof flags);
+    opt = dp_optimizer_create(&dp, ctx, list, &cfg, flags, m.grad, MLP_TENSORS);
     m.grads_done = grads_done;
     m.grads_done_arg = &dp;
   } else {
@@ -194,20 +194,24 @@ int main(int argc, char **argv) {
   compare_t cmp; /* rank 0 only: it prints the timings */
   if (lead) compare_create(&cmp, &m, ctx, &o);
 
-  /* Resuming: the checkpoint holds the weights, the optimizer state and the
-   * step count; the epoch to continue at follows from the count (skipped
-   * steps count too: they used a batch). Data parallel (ZeRO stage 0): rank
-   * 0 wrote it and every rank loads it. */
+  /* Resuming: the checkpoint holds the weights, the optimizer state (with
+   * the masters of 16-bit weights) and the step count; the epoch to continue
+   * at follows from the count (skipped steps count too: they used a batch).
+   * Data parallel: mtopt_dist_optimizer_load, collective (ZeRO stage 0:
+   * every rank reads the file rank 0 wrote; stage 1: each rank its shard). */
   int first_epoch = 1;
   if (o.resume) {
-    MTOPT_CHECK(mtopt_optimizer_load(opt, o.resume));
+    if (dp.on)
+      dp_load(&dp, o.resume);
+    else
+      MTOPT_CHECK(mtopt_optimizer_load(opt, o.resume));
     mtopt_step_info_t r = MTOPT_STEP_INFO_INIT;
     MTOPT_CHECK(mtopt_optimizer_get_step_info(opt, &r));
     const int64_t done = r.step + r.skipped_steps;
-    if (done % steps_per_epoch != 0)
-      MLP_DIE("%s: %lld steps done is not a whole number of epochs of %lld steps "
-              "(was it saved with other --batch or --train-limit values?)",
-              o.resume, (long long)done, (long long)steps_per_epoch);
+    if (done % steps_per_epoch != 0) /* the same count on every rank */
+      dp_die_all(&dp, "%s: %lld steps done is not a whole number of epochs of %lld steps "
+                      "(was it saved with other --batch or --train-limit values?)",
+                 o.resume, (long long)done, (long long)steps_per_epoch);
     first_epoch = (int)(done / steps_per_epoch) + 1;
     if (!o.cosine) MTOPT_CHECK(mtopt_optimizer_set_lr(opt, o.lr)); /* --lr wins */
   }
@@ -216,12 +220,7 @@ int main(int argc, char **argv) {
   printf("mtopt %s | backend %s%s | data %s (%lld train, %lld test)\n", mtopt_version_string(),
          ops->name, o.graph ? " + CUDA graph" : "", o.data_dir, (long long)train.count,
          (long long)test.count);
-  if (dp.on)
-    printf("data parallel: %d rank(s), %s over %s, %d buckets; each rank takes 1/%d of "
-           "every batch\n",
-           dp.world, dp.zero_stage ? "ZeRO-1 (reduce-scatter, all-gather)" : "all-reduce",
-           ops->mtopt_backend == MTOPT_BACKEND_CUDA ? "NCCL" : "MPI", dp_bucket_count(&dp),
-           dp.world);
+  dp_print(&dp, ops->mtopt_backend == MTOPT_BACKEND_CUDA);
   printf("model 784-512-256-10: %lld parameters in %d tensors; the step: %lld parameters%s, "
          "%lld chunks, %d launch(es)\n",
          (long long)num_params, MLP_TENSORS, (long long)info.total_numel,
@@ -273,11 +272,18 @@ int main(int argc, char **argv) {
     printf("%5d %10.4f %8.2f%% %8.2f%% %9.0f %8.3f %9.3f %9.3f\n", epoch, st.loss,
            st.train_acc, test_acc, st.images_per_s, st.step_ms, fused_ms, loop_ms);
     fflush(stdout);
-    if (o.save && lead) MTOPT_CHECK(mtopt_optimizer_save(opt, o.save));
+    /* Data parallel: collective (ZeRO-1: every rank writes its shard). */
+    if (o.save && dp.on)
+      dp_save(&dp, o.save);
+    else if (o.save)
+      MTOPT_CHECK(mtopt_optimizer_save(opt, o.save));
   }
   if (first_epoch > o.epochs) /* the checkpoint was already at the end */
     test_acc = test_accuracy(&m, &dp);
-  if (o.save) printf("saved %s\n", o.save);
+  if (o.save && dp.on && dp.zero_stage == 1)
+    printf("saved %s.rank<r>-of-%d (one shard per rank)\n", o.save, dp.world);
+  else if (o.save)
+    printf("saved %s\n", o.save);
 
   mtopt_step_info_t si = MTOPT_STEP_INFO_INIT;
   MTOPT_CHECK(mtopt_optimizer_get_step_info(opt, &si));

@@ -61,7 +61,8 @@ static void usage(FILE *f) {
       "  --csv FILE            write the loss curve (step,loss) as CSV\n"
       "  --plot FILE.png       plot the loss curve with gnuplot (if installed)\n"
       "  --save FILE           checkpoint (weights, optimizer state, step) after\n"
-      "                        every epoch\n"
+      "                        every epoch (--zero 1: one shard per rank,\n"
+      "                        FILE.rank<r>-of-<N>)\n"
       "  --resume FILE         continue from a --save checkpoint, at the epoch after\n"
       "                        the one it was written at (same flags otherwise)\n"
       "  --help                this text\n"
@@ -70,10 +71,13 @@ static void usage(FILE *f) {
       "  mpirun -np 4 mnist_mlp            (GPUs: one per rank, NCCL;\n"
       "                                     CPUs: add --cpu --threads 1)\n"
       "Each rank takes 1/N of every batch; mtopt_dist averages the gradients\n"
-      "over the ranks in the fused step. Rank 0 prints and writes the files.\n"
+      "over the ranks in the fused step. Rank 0 prints and writes the CSV and\n"
+      "the plot; --save is collective.\n"
       "  --dist                data parallel even with one process\n"
       "  --zero 0|1            0: all-reduce the gradients; 1: ZeRO-1 (each rank\n"
-      "                        keeps 1/N of the optimizer state; no --save) [0]\n");
+      "                        keeps 1/N of the optimizer state and masters) [0]\n"
+      "The precision flags apply as in one process; 16-bit gradients are reduced\n"
+      "in 16 bits.\n");
 }
 
 static const char *need_value(int argc, char **argv, int *i) {

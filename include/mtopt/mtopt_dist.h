@@ -47,7 +47,9 @@
  * the bytes of F32: NCCL with ncclAvg (each rank's value times 1/world, then
  * summed); MPI, which has no 16-bit float, as 16-bit words under a sum that
  * adds in float and rounds to nearest even after each addition, then the sum
- * times (float)(1 / world), rounded. Rounding the sum at every addition costs
+ * times (float)(1 / world), rounded (F16: each rank's values times
+ * (float)(1 / world), rounded, before the sum, as ncclAvg: a sum of ranks'
+ * finite loss-scaled F16 gradients can overflow where their mean does not). Rounding the sum at every addition costs
  * about log2(world) bf16 ulps against a sum in fp32: a model that needs the
  * fp32 sum registers F32 gradients for those tensors (any parameter dtype;
  * backward then accumulates in fp32 too). The statistics (global norm,

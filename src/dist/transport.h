@@ -104,12 +104,14 @@ typedef struct mtopt__transport_ops {
    * transport's user-defined operation). */
   /* In place, buf[0, count) becomes the average over ranks. MPI: the sum,
    * scaled by (float)(1 / world) in float (and rounded to dt) when test or
-   * wait sees it land. NCCL: ncclAvg. */
+   * wait sees it land; F16, each rank's values scaled before the sum (its
+   * range would not hold the sum). NCCL: ncclAvg. */
   mtopt_status_t (*allreduce_avg)(mtopt__transport_slots_t *s, int slot, void *buf,
                                   int64_t count, int dt, const char *what);
   /* recv[0, recvcount) becomes the average of every rank's
-   * send[rank * recvcount, (rank + 1) * recvcount); scaled as above. */
-  mtopt_status_t (*reduce_scatter_avg)(mtopt__transport_slots_t *s, int slot, const void *send,
+   * send[rank * recvcount, (rank + 1) * recvcount); scaled as above (MPI,
+   * F16: send is scaled in place first). */
+  mtopt_status_t (*reduce_scatter_avg)(mtopt__transport_slots_t *s, int slot, void *send,
                                        void *recv, int64_t recvcount, int dt, const char *what);
   /* In place: rank r's part is elements [r * count, (r + 1) * count) of buf
    * (moved, never added: any dtype of that size). */

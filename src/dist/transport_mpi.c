@@ -9,6 +9,11 @@
  * averaged gradient. MPI has no 16-bit float: BF16 and F16 buckets travel as
  * MPI_UINT16_T under a user-defined sum that adds in float and rounds to
  * nearest even after each addition, and the average is rounded once more.
+ * F16 is the exception to "sum, then scale": its range ends at 65504, and
+ * the sum of ranks' loss-scaled gradients that are each finite may not be
+ * (two ranks' 34912 and 42080 skipped a step one process took), so each
+ * rank's F16 values are multiplied by (float)(1 / world), rounded, before
+ * the reduction, as NCCL's ncclAvg does.
  *
  * Timeouts. MPI cannot cancel a collective: one that does not land within
  * timeout_ms stays pending with its request, and its buffers must outlive it
@@ -246,6 +251,9 @@ static void landed(mtopt__transport_slots_t *s, int i) {
   q->avg = NULL;
 }
 
+/* Whether dt's average is taken before the sum (F16, see the top). */
+static int scales_first(int dt) { return dt == MTOPT__DT_F16; }
+
 /* The MPI type and sum of elements of dtype dt. */
 static MPI_Datatype mpi_type(int dt) { return dt == MTOPT__DT_F32 ? MPI_FLOAT : MPI_UINT16_T; }
 static MPI_Op mpi_sum(const mtopt__transport_t *t, int dt) {
@@ -263,7 +271,7 @@ static mtopt_status_t fail(mtopt__transport_t *t, int rc, const char *what) {
 static mtopt_status_t issued(mtopt__transport_slots_t *s, int i, int rc, void *avg, int64_t n,
                              int dt, const char *what) {
   if (rc != MPI_SUCCESS) return fail(s->t, rc, what);
-  s->slot[i].avg = s->t->world > 1 ? avg : NULL;
+  s->slot[i].avg = s->t->world > 1 && !scales_first(dt) ? avg : NULL;
   s->slot[i].avg_len = n;
   s->slot[i].avg_dt = dt;
   return MTOPT_STATUS_SUCCESS;
@@ -272,15 +280,18 @@ static mtopt_status_t issued(mtopt__transport_slots_t *s, int i, int rc, void *a
 static mtopt_status_t mpi_allreduce_avg(mtopt__transport_slots_t *s, int i, void *buf,
                                         int64_t count, int dt, const char *what) {
   CHECK(usable(s->t, what));
+  if (scales_first(dt) && s->t->world > 1) scale(buf, count, dt, s->t->inv_world);
   const int rc = MPI_Iallreduce(MPI_IN_PLACE, buf, (int)count, mpi_type(dt), mpi_sum(s->t, dt),
                                 s->t->comm, &s->slot[i].req);
   return issued(s, i, rc, buf, count, dt, what);
 }
 
-static mtopt_status_t mpi_reduce_scatter_avg(mtopt__transport_slots_t *s, int i,
-                                             const void *send, void *recv, int64_t recvcount,
-                                             int dt, const char *what) {
+static mtopt_status_t mpi_reduce_scatter_avg(mtopt__transport_slots_t *s, int i, void *send,
+                                             void *recv, int64_t recvcount, int dt,
+                                             const char *what) {
   CHECK(usable(s->t, what));
+  if (scales_first(dt) && s->t->world > 1)
+    scale(send, recvcount * s->t->world, dt, s->t->inv_world);
   const int rc = MPI_Ireduce_scatter_block(send, recv, (int)recvcount, mpi_type(dt),
                                            mpi_sum(s->t, dt), s->t->comm, &s->slot[i].req);
   return issued(s, i, rc, recv, recvcount, dt, what);

@@ -293,7 +293,7 @@ static mtopt_status_t allreduce_avg(nccl_t *n, void *buf, int64_t count, int dt)
              ncclAllReduce(buf, buf, (size_t)count, nccl_dtype(dt), ncclAvg, n->comm, n->stream));
 }
 
-static mtopt_status_t reduce_scatter_avg(nccl_t *n, const void *send, void *recv,
+static mtopt_status_t reduce_scatter_avg(nccl_t *n, void *send, void *recv,
                                          int64_t recvcount, int dt) {
   COLLECTIVE(n, "ncclReduceScatter (bucket)", recvcount,
              ncclReduceScatter(send, recv, (size_t)recvcount, nccl_dtype(dt), ncclAvg, n->comm,
@@ -309,8 +309,8 @@ static mtopt_status_t nccl_allreduce_avg(mtopt__transport_slots_t *s, int i, voi
   return event_op(s, i, 0);
 }
 
-static mtopt_status_t nccl_reduce_scatter_avg(mtopt__transport_slots_t *s, int i,
-                                              const void *send, void *recv, int64_t recvcount,
+static mtopt_status_t nccl_reduce_scatter_avg(mtopt__transport_slots_t *s, int i, void *send,
+                                              void *recv, int64_t recvcount,
                                               int dt, const char *what) {
   (void)what;
   CHECK(reduce_scatter_avg(s->n, send, recv, recvcount, dt));
