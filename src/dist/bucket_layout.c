@@ -41,6 +41,7 @@ int mtopt__bucket_group(const int64_t *numel, const int *gdt, const int *pdt, in
         b[nb].num_tensors = top - i + 1;
         b[nb].gdt = c / MTOPT__NUM_DTYPES;
         b[nb].pdt = c % MTOPT__NUM_DTYPES;
+        b[nb].first_of_class = first;
       }
       nb++;
       first = 0;
@@ -152,7 +153,7 @@ mtopt_status_t mtopt__bucket_layout_create(mtopt_context_t *ctx, const char *fn,
                       L->b);
   for (int k = 0; k < L->nb; k++)
     for (int64_t i = bucket_begin(L, k); i < bucket_end(L, k); i++)
-      if (L->gdt[i] == L->b[k].gdt && L->pdt[i] == L->b[k].pdt) L->tbucket[i] = k;
+      if (cls_of(L->gdt, L->pdt, i) == cls_of(&L->b[k].gdt, &L->b[k].pdt, 0)) L->tbucket[i] = k;
   int64_t j = 0;
   for (int k = L->nb - 1; k >= 0; k--) FOR_BUCKET_TENSOR(L, k, i) L->order[j++] = i;
   if (!L->zero) return MTOPT_STATUS_SUCCESS;
@@ -238,12 +239,8 @@ mtopt_status_t mtopt__bucket_layout_segments(mtopt_context_t *ctx, const char *f
      * is 16 blocks of a block-per-chunk pass, too few to fill a GPU, so its
      * step would fall behind the collectives. Each cut is the first chunk
      * start at or past its target. */
-    /* The size the grouping closed it at: its class's first bucket (the
-     * first of the class in bucket order) at first_bucket_bytes. */
-    int first_of_class = 1;
-    for (int j = 0; j < k && first_of_class; j++)
-      first_of_class = L->b[j].gdt != b->gdt || L->b[j].pdt != b->pdt;
-    const size_t bytes = first_of_class ? L->first_bucket_bytes : L->bucket_bytes;
+    /* The size the grouping closed it at. */
+    const size_t bytes = b->first_of_class ? L->first_bucket_bytes : L->bucket_bytes;
     const size_t es = (size_t)mtopt__dt_size(b->gdt);
     int64_t size = bytes / es > 0 ? (int64_t)(bytes / es) : 1;
     if (size < min_segment_chunks * cs) size = min_segment_chunks * cs;

@@ -33,6 +33,7 @@
 typedef struct {
   int64_t first_tensor, num_tensors; /* the span of list indices */
   int gdt, pdt;                      /* its class (MTOPT__DT_*) */
+  int first_of_class;                /* closed at first_bucket_bytes */
   int64_t offset, numel;             /* elements of the gradient buffer of gdt */
   int64_t c0, c1;                    /* chunk range of the inner optimizer */
   int64_t slice;                     /* ZeRO-1: elements per rank */
