@@ -14,31 +14,36 @@
  * core/optimizer_access.c (get_info), and tabled in docs/optimizers.md.
  *
  * Grid shape, large chunks (a plan whose mean chunk has >= 4096 elements):
- * one block per chunk. The chunk table already cuts the work into
- * pieces of chunk_size elements (64 K by default: 256 KB per array, far above
- * any per-block overhead), so a block per chunk lets the hardware block
- * scheduler balance unequal chunks (tensor tails, tiny tensors) dynamically,
- * keeps enough blocks resident on every SM to hide latency, and makes the
- * last-block election count exactly one chunk per block. A persistent grid
- * (about SMs x resident blocks, striding over chunks) was the alternative: it
- * saves block launches only where chunks are tiny, but a static stride
- * serialises each block's chunks and leaves a tail imbalance of one chunk per
- * block (about 1/22 of a GPT-2 XL step on 132 SMs); dynamic fetching would need
- * a second counter to reset inside a graph. The grid limit (2^31-1 blocks in x)
- * covers every plan: the optimizer refuses plans of more than 2^31-1 chunks.
+ * one block per chunk, or per slice of one (below). Blocks let the hardware
+ * scheduler balance unequal chunks (tensor tails, tiny tensors) and make the
+ * last-block election count exactly one unit per block. A persistent grid
+ * that fetched slices from a counter and prefetched the next one's record ran
+ * at 0.97 of the copy against 0.98 (perf_notes, v7). The grid limit (2^31-1
+ * blocks in x) covers every plan: the optimizer refuses plans of more than
+ * 2^31-1 chunks, and slices_of keeps the product below it.
  * Small chunks (many small tensors): a block's chunk is a few hundred
  * elements, so its fixed costs dominate; there the warps of a grid of a few
  * blocks per SM (from the SM count read at init) take chunks one at a time
  * from a counter (warp_kernel below).
  *
- * Inner loop: 16-byte (float4) loads and stores, ILP float4 per array loaded
- * per thread before any is used (8 float4 in flight per thread whatever the
- * number of arrays), a scalar prologue up to the first 16-byte boundary and a
- * scalar tail. The host places each tensor's state at the same address residue
- * mod 16 bytes as its weights (mtopt__aligned_offset), so one prologue serves
- * every array; a user gradient with another residue sends its chunks down the
- * scalar path. Element offsets inside a chunk fit in int32 (chunk_size <=
- * 2^30); tensor offsets (chunk start) are int64.
+ * Slices: for the passes that reduce nothing across a chunk (the update of
+ * AdamW, Adam and SGD) on all-F32 plans, each chunk of a large-chunk plan is
+ * cut into slices of about kSliceLen elements, a block per slice, the slices
+ * of one chunk in consecutive blocks. The blocks resident at any moment then
+ * cover a few dozen chunks end to end rather than a thin piece of each of
+ * hundreds: with the same arithmetic, the same bytes scattered over hundreds
+ * of windows ran at 0.94 of a copy and in order at 0.99 (docs/perf_notes.md,
+ * v7).
+ *
+ * Inner loop: 16-byte (float4) loads and stores in two stages of ILP float4
+ * per array (8 float4 in flight per thread whatever the number of arrays):
+ * the next stage's loads are issued before the current one is computed; a
+ * scalar prologue up to the first 16-byte boundary and a scalar tail. The
+ * host places each tensor's state at the same address residue mod 16 bytes as
+ * its weights (mtopt__aligned_offset), so one prologue serves every array; a
+ * user gradient with another residue sends its chunks down the scalar path.
+ * Element offsets inside a chunk fit in int32 (chunk_size <= 2^30); tensor
+ * offsets (chunk start) are int64.
  *
  * Determinism: per-chunk partial sums (in double: mtopt__sum_t, plan.h) use
  * a fixed thread-to-element mapping and a fixed shuffle tree; cross-chunk sums
@@ -55,11 +60,19 @@
 #include "../../common/step_elem.h"
 #include "launch.h"
 #include "mixed_vec.cuh"
+#include "team.cuh"
 
 namespace {
 
-constexpr int kBlock = 256;     /* threads per block */
 constexpr int kInFlight = 8;    /* float4 loads in flight per thread */
+/* The slice a block takes of a chunk (the update of AdamW, Adam and SGD on
+ * large chunks): 8192 elements, 32 per thread, ran best of 2048 to 65536 on
+ * GPT-2 XL and LLaMA 1.1B shapes (docs/perf_notes.md, v7). */
+constexpr int64_t kSliceLen = 8192;
+/* Slices start at multiples of this many elements from the chunk's start (4 KB
+ * of fp32): slices of 9368 elements, whose warps' 512-byte accesses straddled
+ * cache lines, ran at 0.84 of the copy against 0.96 at 8192. */
+constexpr int64_t kSliceAlign = 1024;
 /* Plans whose mean chunk is shorter than this many elements run a warp per
  * chunk (teams, below): 4096 elements are 16 per thread of a block, the point
  * where a block's fixed costs start to show. */
@@ -67,64 +80,6 @@ constexpr int64_t kWarpTeamBelow = 4096;
 /* Warp-per-chunk grids: blocks per SM (3 are resident at 80 registers per
  * thread; one more keeps the SMs fed while the first ones finish). */
 constexpr int kWarpBlocksPerSm = 4;
-
-/* ---- reductions (fixed order: deterministic) ---- */
-
-template <class T>
-__device__ __forceinline__ T warp_sum(T v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
-  return v;
-}
-
-/* The block's total, valid in thread 0. Every thread must call it. */
-template <class T>
-__device__ __forceinline__ T block_sum(T v) {
-  __shared__ T part[kBlock / 32];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  v = warp_sum(v);
-  __syncthreads(); /* an earlier call may still be reading part[] */
-  if (lane == 0) part[warp] = v;
-  __syncthreads();
-  T r = T(0);
-  if (warp == 0) {
-    r = lane < kBlock / 32 ? part[lane] : T(0);
-    r = warp_sum(r);
-  }
-  return r;
-}
-
-/* ---- teams: the threads that share one chunk ----
- * TEAM == kBlock: a block per chunk (large chunks). TEAM == 32: a warp per
- * chunk, for plans of small chunks (many small tensors), where a block's fixed
- * costs (the chunk/tensor/scalar prologue, the completion count) would
- * otherwise outweigh its few hundred elements. */
-template <int TEAM>
-__device__ __forceinline__ int team_lane() {
-  return TEAM == kBlock ? (int)threadIdx.x : (int)(threadIdx.x & (TEAM - 1));
-}
-
-template <int TEAM>
-__device__ __forceinline__ int team_index() {
-  return TEAM == kBlock ? 0 : (int)(threadIdx.x / TEAM);
-}
-
-template <int TEAM>
-__device__ __forceinline__ void team_sync() {
-  if constexpr (TEAM == kBlock)
-    __syncthreads();
-  else
-    __syncwarp();
-}
-
-/* The team's total, valid in its lane 0. Every thread of the team calls it. */
-template <int TEAM, class T>
-__device__ __forceinline__ T team_sum(T v) {
-  if constexpr (TEAM == kBlock)
-    return block_sum(v);
-  else
-    return warp_sum(v);
-}
 
 /* ---- streaming over one chunk ---- */
 
@@ -163,14 +118,15 @@ __device__ __forceinline__ void stream_chunk(float *const (&p)[N], int32_t len, 
   if (pro > len) pro = len;
   if (tid < pro) scalar(tid);
 
-  constexpr int ILP = kInFlight / N > 0 ? kInFlight / N : 1;
+  /* Two stages of ILP float4 per array: the next stage's loads are issued
+   * before the current stage is computed and stored, so a thread always has
+   * loads in flight (docs/perf_notes.md, v7). */
+  constexpr int ILP = kInFlight / (2 * N) > 0 ? kInFlight / (2 * N) : 1;
   const int32_t n4 = (len - pro) >> 2;
   float4 *q[N];
 #pragma unroll
   for (int k = 0; k < N; k++) q[k] = reinterpret_cast<float4 *>(p[k] + pro);
-
-  for (int32_t base = tid; base < n4; base += TEAM * ILP) {
-    float4 r[ILP][N];
+  auto load = [&](float4 (&r)[ILP][N], int32_t base) {
 #pragma unroll
     for (int u = 0; u < ILP; u++) {
       const int32_t i = base + u * TEAM;
@@ -179,6 +135,12 @@ __device__ __forceinline__ void stream_chunk(float *const (&p)[N], int32_t len, 
         for (int k = 0; k < N; k++) r[u][k] = __ldcs(q[k] + i);
       }
     }
+  };
+
+  float4 r[ILP][N], next[ILP][N];
+  load(r, tid);
+  for (int32_t base = tid; base < n4; base += TEAM * ILP) {
+    load(next, base + TEAM * ILP);
 #pragma unroll
     for (int u = 0; u < ILP; u++) {
       const int32_t i = base + u * TEAM;
@@ -197,6 +159,10 @@ __device__ __forceinline__ void stream_chunk(float *const (&p)[N], int32_t len, 
           if (STORE & (1u << k)) __stcs(q[k] + i, r[u][k]);
       }
     }
+#pragma unroll
+    for (int u = 0; u < ILP; u++)
+#pragma unroll
+      for (int k = 0; k < N; k++) r[u][k] = next[u][k];
   }
 
   const int32_t t0 = pro + 4 * n4; /* 0..3 elements left */
@@ -262,22 +228,23 @@ struct LambApplyOp { /* x = w, m, v */
 
 /* ---- the end of a block: count, and finalise if last ---- */
 
-/* Every block calls it once, with all threads. The block that completes the
- * last chunk of the pass (over all launches of the pass: the distributed layer
- * may run a pass in several ranges) finalises it. Release: each block's slot
+/* Every block calls it once, with all threads, counting the units it did
+ * (chunks, or slices of chunks) out of the pass's total. The block that
+ * completes the last unit of the pass (over all launches of the pass: the
+ * distributed layer may run a pass in several ranges) finalises it. Release: each block's slot
  * writes are made visible (__threadfence) before its atomic; acquire: the last
  * block fences again after seeing the full count and reads the slots from L2
  * (__ldcg), never from a possibly stale L1 line. */
 template <int PASS>
-__device__ void finish_block(const mtopt__plan_t &p, unsigned chunks) {
+__device__ void finish_block(const mtopt__plan_t &p, unsigned units, int64_t total) {
   __shared__ int last;
   __syncthreads(); /* the whole block's work, including its slot writes */
   if (threadIdx.x == 0) {
     __threadfence();
-    const unsigned prev = atomicAdd(&p.hyper->chunks_done, chunks);
+    const unsigned prev = atomicAdd(&p.hyper->chunks_done, units);
     /* A block that got no chunk never finalises: it may arrive after the
      * count is complete. */
-    last = chunks > 0 && (int64_t)prev + chunks == p.num_chunks;
+    last = units > 0 && (int64_t)prev + units == total;
   }
   __syncthreads();
   if (!last) return;
@@ -326,10 +293,22 @@ struct ChunkView {
   mtopt__sr_t sr;
 };
 
+/* Slice k of `slices` of chunk c (one slice: the whole chunk). The slices are
+ * ceil(chunk_size / slices) elements rounded up to kSliceAlign, from the
+ * chunk's start: a chunk shorter than chunk_size leaves its last slices
+ * empty. */
 template <int PASS, bool MIXED>
-__device__ __forceinline__ void load_view(const mtopt__plan_t &p, int64_t c,
+__device__ __forceinline__ void load_view(const mtopt__plan_t &p, int64_t c, int k, int slices,
                                           ChunkView &v) {
-  const mtopt__chunk_rec_t ch = p.chunks[c];
+  mtopt__chunk_rec_t ch = p.chunks[c];
+  if (slices > 1) {
+    const int64_t per =
+        ((p.chunk_size + slices - 1) / slices + kSliceAlign - 1) / kSliceAlign * kSliceAlign;
+    const int64_t lo = per * k < ch.len ? per * k : ch.len;
+    const int64_t hi = lo + per < ch.len ? lo + per : ch.len;
+    ch.start += lo;
+    ch.len = (int32_t)(hi - lo);
+  }
   const mtopt__tensor_rec_t *t = &p.tensors[ch.tensor];
   const mtopt__hyper_t *h = p.hyper;
   v.w = t->w + ch.start;
@@ -416,10 +395,13 @@ __device__ __forceinline__ float lamb_chunk_step(const mtopt__plan_t &p, const C
 
 /* ---- one chunk of each pass, by a team (a block or a warp) ---- */
 
-/* Every thread of the team calls it; v is the team's shared view. */
+/* Every thread of the team calls it; v is the team's shared view. Slice k of
+ * `slices` of chunk c (load_view); the passes with per-chunk slots (STATS,
+ * LAMB) take whole chunks. */
 template <int TEAM, int PASS, int KIND, bool MIXED>
-__device__ __forceinline__ void do_chunk(const mtopt__plan_t &p, int64_t c, ChunkView &v) {
-  if (team_lane<TEAM>() == 0) load_view<PASS, MIXED>(p, c, v);
+__device__ __forceinline__ void do_chunk(const mtopt__plan_t &p, int64_t c, int k, int slices,
+                                         ChunkView &v) {
+  if (team_lane<TEAM>() == 0) load_view<PASS, MIXED>(p, c, k, slices, v);
   team_sync<TEAM>();
   if constexpr (PASS == MTOPT__PASS_STATS) {
     double acc = 0.0;
@@ -489,7 +471,8 @@ __device__ __forceinline__ void do_chunk(const mtopt__plan_t &p, int64_t c, Chun
 }
 
 /* ---- the kernels ----
- * Large chunks: a block per chunk, chunk c0 + blockIdx.x.
+ * Large chunks: a block per chunk or per slice of one (slices_of), chunk
+ * c0 + blockIdx.x / slices.
  * Small chunks: a grid of a few blocks per SM whose warps fetch chunks one at
  * a time from a counter in the hyper block, so no warp waits for a sibling
  * with a larger chunk (their sizes differ by 1000x among small tensors) and
@@ -506,10 +489,11 @@ constexpr int kFlavourF32 = 0, kFlavourMixed = 1, kFlavourNarrow = 2;
 
 template <int PASS, int KIND, int FL>
 __global__ void __launch_bounds__(kBlock, FL == kFlavourNarrow ? 4 : 1)
-    block_kernel(mtopt__plan_t p, int64_t c0) {
+    block_kernel(mtopt__plan_t p, int64_t c0, int slices) {
   __shared__ ChunkView v;
-  do_chunk<kBlock, PASS, KIND, FL != kFlavourF32>(p, c0 + blockIdx.x, v);
-  finish_block<PASS>(p, 1u);
+  do_chunk<kBlock, PASS, KIND, FL != kFlavourF32>(p, c0 + blockIdx.x / slices,
+                                                  (int)(blockIdx.x % slices), slices, v);
+  finish_block<PASS>(p, 1u, p.num_chunks * slices);
 }
 
 template <int PASS, int KIND, bool MIXED>
@@ -527,7 +511,7 @@ __global__ void __launch_bounds__(kBlock) warp_kernel(mtopt__plan_t p, int64_t c
     if (lane == 0) k = atomicAdd(&p.hyper->chunks_fetched, 1u);
     k = __shfl_sync(0xffffffffu, k, 0);
     if ((int64_t)k >= c1 - c0) break;
-    do_chunk<32, PASS, KIND, MIXED>(p, c0 + k, v);
+    do_chunk<32, PASS, KIND, MIXED>(p, c0 + k, 0, 1, v);
     mine++;
   }
   if (lane == 0) atomicAdd(&done, mine);
@@ -537,7 +521,7 @@ __global__ void __launch_bounds__(kBlock) warp_kernel(mtopt__plan_t p, int64_t c
     if (atomicInc(&p.hyper->blocks_exited, gridDim.x - 1) == gridDim.x - 1)
       atomicExch(&p.hyper->chunks_fetched, 0u);
   }
-  finish_block<PASS>(p, done);
+  finish_block<PASS>(p, done, p.num_chunks);
 }
 
 /* ---- the grid of a pass ---- */
@@ -545,11 +529,26 @@ __global__ void __launch_bounds__(kBlock) warp_kernel(mtopt__plan_t p, int64_t c
 /* FL: the plan's flavour. The all-F32 kernels are instantiated apart, so that
  * the registers of the mixed-precision paths do not cut their occupancy; the
  * small-chunk kernel has one mixed flavour. */
+/* Slices per chunk of a large-chunk plan's pass (see "Slices" above): about
+ * kSliceLen elements of a mean chunk each (so that few slices are empty); 1
+ * for the passes that fill per-chunk slots, where the grid would pass 2^31-1
+ * blocks, and for mixed-precision plans: their update, a group of 8 per
+ * thread with no loads in flight across groups, lost 2-10% when sliced, the
+ * per-block set-up weighing more than the locality gained (perf_notes, v7). */
+template <int PASS, int KIND>
+int slices_of(const mtopt__plan_t &p, int64_t n) {
+  if (PASS != MTOPT__PASS_UPDATE || KIND == MTOPT__KIND_LAMB || !p.all_f32) return 1;
+  const int64_t len = p.mean_chunk_len < p.chunk_size ? p.mean_chunk_len : p.chunk_size;
+  const int64_t s = (len + kSliceLen - 1) / kSliceLen;
+  return s > 1 && n * s <= INT32_MAX ? (int)s : 1;
+}
+
 template <int PASS, int KIND, int FL>
 void launch(const mtopt__plan_t &p, int sm_count, int64_t c0, int64_t c1, cudaStream_t stream) {
   const int64_t n = c1 - c0;
   if (p.mean_chunk_len >= kWarpTeamBelow) {
-    block_kernel<PASS, KIND, FL><<<(unsigned)n, kBlock, 0, stream>>>(p, c0);
+    const int slices = slices_of<PASS, KIND>(p, p.num_chunks);
+    block_kernel<PASS, KIND, FL><<<(unsigned)(n * slices), kBlock, 0, stream>>>(p, c0, slices);
     return;
   }
   /* Enough blocks to fill the SMs (a few resident per SM), no more than the
