@@ -138,7 +138,7 @@ START_TEST(test_hand_zero1) {
   snprintf(g_case, sizeof g_case, "hand zero1");
   int64_t numel[] = {10, 20, 30, 40};
   const void *param[] = {arena + 0, arena + 2, arena + 3, arena + 1};
-  const mtopt__bucket_layout_args_t a = {4, numel, param, NULL, NULL, 100, 200, 1, 2, 1};
+  const mtopt__bucket_layout_args_t a = {4, numel, param, NULL, NULL, 100, 200, 1, 2, 1, 0};
   mtopt__bucket_layout_t L;
   TU_OK(mtopt__bucket_layout_create(NULL, "test", &a, &L));
   ck_assert_int_eq(L.nb, 3);
@@ -204,12 +204,19 @@ static void expect_pieces(const mtopt__bucket_layout_t *L, const mtopt__piece_t 
  * buckets at 100 / 100 bytes: {2} F32, {1, 3} BF16 (span [1, 4)), {0} F32
  * (test_hand_buckets), so tbucket = {2, 1, 0, 1} and the order, bucket 2
  * first, is 0 | 1, 3 | 2. */
+static int64_t mixed_numel[] = {10, 20, 30, 40};
+static const int mixed_dt[] = {F32, BF16, F32, BF16};
+static const void *mixed_param[] = {arena + 0, arena16 + 3, arena + 1, arena16 + 5};
+
+/* That model at zero_stage 0, rank 1 of 2. */
+static mtopt__bucket_layout_args_t mixed_args(int reduce_f32) {
+  return (mtopt__bucket_layout_args_t){
+      4, mixed_numel, mixed_param, mixed_dt, mixed_dt, 100, 100, 0, 2, 1, reduce_f32};
+}
+
 START_TEST(test_hand_mixed) {
   snprintf(g_case, sizeof g_case, "hand mixed");
-  int64_t numel[] = {10, 20, 30, 40};
-  const int dt[] = {F32, BF16, F32, BF16};
-  const void *param[] = {arena + 0, arena16 + 3, arena + 1, arena16 + 5};
-  mtopt__bucket_layout_args_t a = {4, numel, param, dt, dt, 100, 100, 0, 2, 1};
+  mtopt__bucket_layout_args_t a = mixed_args(0);
   mtopt__bucket_layout_t L;
   TU_OK(mtopt__bucket_layout_create(NULL, "test", &a, &L));
   ck_assert_int_eq(L.nb, 3);
@@ -238,7 +245,7 @@ START_TEST(test_hand_mixed) {
   /* Chunks of 8 in that order: tensor 0 [0, 2), 1 [2, 5), 3 [5, 10), 2
    * [10, 14): buckets [10, 14), [2, 10), [0, 2). */
   int64_t first[4], count[4];
-  ck_assert_int_eq(mtopt__chunk_table(numel, 4, L.order, 8, first, count, NULL), 14);
+  ck_assert_int_eq(mtopt__chunk_table(mixed_numel, 4, L.order, 8, first, count, NULL), 14);
   TU_OK(mtopt__bucket_layout_segments(NULL, "test", &L, first, count, 14, 8, 1));
   const int64_t cr[3][2] = {{10, 14}, {2, 10}, {0, 2}};
   for (int k = 0; k < 3; k++) {
@@ -283,10 +290,57 @@ START_TEST(test_hand_mixed) {
   TU_OK(mtopt__bucket_layout_create(NULL, "test", &a, &L));
   expect_pieces(&L, (const mtopt__piece_t[]){{2, 15, 15, 0}, {3, 11, 29, 64}, {0, 8, 2, 144}}, 3);
   mtopt__bucket_layout_free(&L);
-  model_t m = {.n = 4, .numel = numel, .param = param, .gdt = dt, .pdt = dt,
-               .first_bytes = 100, .bytes = 100, .cs = 8, .min_chunks = 1};
+  model_t m = {.n = 4, .numel = mixed_numel, .param = mixed_param, .gdt = mixed_dt,
+               .pdt = mixed_dt, .first_bytes = 100, .bytes = 100, .cs = 8, .min_chunks = 1};
   for (m.zero = 0; m.zero <= 1; m.zero++)
     for (m.world = 1; m.world <= 5; m.world++) bp_check_model(&m);
+}
+END_TEST
+
+/* reduce_f32 by hand, test_hand_mixed's model at 2 ranks: every bucket is
+ * reduced in F32; the BF16 buffer gets an fp32 copy; the layer lays the
+ * buffers out at zero_stage 0 too (bucket 0 first, no padding), and ZeRO-1's
+ * shard holds the BF16 bucket's slice in fp32. An F32 table is unchanged. */
+START_TEST(test_hand_reduce_f32) {
+  snprintf(g_case, sizeof g_case, "hand reduce_f32");
+  mtopt__bucket_layout_args_t a = mixed_args(1);
+  mtopt__bucket_layout_t L;
+  TU_OK(mtopt__bucket_layout_create(NULL, "test", &a, &L));
+  ck_assert(L.own && L.f32_copy[BF16] && !L.f32_copy[F32] && !L.f32_copy[F16]);
+  for (int k = 0; k < 3; k++) ck_assert_int_eq(L.b[k].rdt, F32);
+  /* F32: bucket 0, tensor 2 at 1 (residue 1) to 31; bucket 2 at 31, tensor
+   * 0 at 32 to 42. BF16: bucket 1 at 0, tensors 1 at 3 and 3 at 29 to 69. */
+  const int64_t goff[4] = {32, 3, 1, 29}, range[3][2] = {{0, 31}, {0, 69}, {31, 11}};
+  for (int i = 0; i < 4; i++) ck_assert_int_eq(L.goff[i], goff[i]);
+  for (int k = 0; k < 3; k++) {
+    ck_assert_int_eq(L.b[k].offset, range[k][0]);
+    ck_assert_int_eq(L.b[k].numel, range[k][1]);
+  }
+  ck_assert_int_eq(L.gbuf_numel[F32], 42);
+  ck_assert_int_eq(L.gbuf_numel[BF16], 69);
+  ck_assert_int_eq(L.shard_bytes, 0);
+  mtopt__bucket_layout_free(&L);
+  /* ZeRO-1, rank 1: slices 16, 40, 8 as in test_hand_mixed, all of 4 bytes
+   * in the shard (at 0, 64, 224); tensor 3's [11, 40) at 64. */
+  a.zero_stage = 1;
+  TU_OK(mtopt__bucket_layout_create(NULL, "test", &a, &L));
+  ck_assert_int_eq(L.b[1].slice, 40);
+  ck_assert_int_eq(L.b[2].shard_off, 224);
+  ck_assert_int_eq(L.shard_bytes, 256);
+  expect_pieces(&L, (const mtopt__piece_t[]){{2, 15, 15, 0}, {3, 11, 29, 64}, {0, 8, 2, 224}}, 3);
+  mtopt__bucket_layout_free(&L);
+  /* Rank 0: tensor 1 whole at 64 + 3 * 4, tensor 3's [0, 11) at 64 + 29 * 4. */
+  a.rank = 0;
+  TU_OK(mtopt__bucket_layout_create(NULL, "test", &a, &L));
+  expect_pieces(&L, (const mtopt__piece_t[]){{2, 0, 15, 4}, {1, 0, 20, 76}, {3, 0, 11, 180},
+                                             {0, 0, 8, 224}}, 4);
+  mtopt__bucket_layout_free(&L);
+  /* All F32: nothing to widen, the core's buffers as without the switch. */
+  a.gdt = a.pdt = NULL;
+  a.zero_stage = 0;
+  TU_OK(mtopt__bucket_layout_create(NULL, "test", &a, &L));
+  ck_assert(!L.own && !L.f32_copy[F16] && !L.f32_copy[BF16]);
+  mtopt__bucket_layout_free(&L);
 }
 END_TEST
 
@@ -298,7 +352,7 @@ START_TEST(test_hand_staging) {
   int64_t numel[] = {20, 12};
   const int gdt[] = {BF16, F32}, pdt[] = {F32, BF16};
   const void *param[] = {arena + 1, arena16 + 1};
-  const mtopt__bucket_layout_args_t a = {2, numel, param, gdt, pdt, 1, 1, 1, 2, 0};
+  const mtopt__bucket_layout_args_t a = {2, numel, param, gdt, pdt, 1, 1, 1, 2, 0, 0};
   mtopt__bucket_layout_t L;
   TU_OK(mtopt__bucket_layout_create(NULL, "test", &a, &L));
   ck_assert_int_eq(L.nb, 2);
@@ -361,7 +415,7 @@ START_TEST(test_hand_segments) {
   for (size_t t = 0; t < sizeof cases / sizeof *cases; t++) {
     int64_t numel[2] = {cases[t].numel[0], cases[t].numel[1]};
     const mtopt__bucket_layout_args_t a = {cases[t].n, numel,          param, NULL, NULL,
-                                           cases[t].bytes, cases[t].bytes, 0, 1, 0};
+                                           cases[t].bytes, cases[t].bytes, 0, 1, 0, 0};
     mtopt__bucket_layout_t L;
     TU_OK(mtopt__bucket_layout_create(NULL, "test", &a, &L));
     ck_assert_int_eq(L.nb, 1);
@@ -392,6 +446,7 @@ Suite *bucket_plan_suite(void) {
   tcase_add_test(tc, test_hand_buckets);
   tcase_add_test(tc, test_hand_zero1);
   tcase_add_test(tc, test_hand_mixed);
+  tcase_add_test(tc, test_hand_reduce_f32);
   tcase_add_test(tc, test_hand_staging);
   tcase_add_test(tc, test_hand_segments);
   tcase_add_loop_test(tc, test_random_layouts, 0, 48);

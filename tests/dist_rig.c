@@ -190,8 +190,18 @@ void rank_grad(int s, int q, int t, int64_t n, float *g) {
   for (int64_t i = 0; i < n; i++) g[i] = grad_value(&r);
 }
 
+static void int_grad(int s, int q, int t, int dt, int64_t n, float *g) {
+  (void)dt;
+  rank_grad(s, q, t, n, g);
+}
+
 void write_grads(const model_t *m, mtopt_dist_optimizer_t *d, mtopt_optimizer_t *ref, int s,
                  float scale, int inf_tensor, rec_t *rec) {
+  write_grads_of(m, d, ref, s, scale, inf_tensor, int_grad, 0, rec);
+}
+
+void write_grads_of(const model_t *m, mtopt_dist_optimizer_t *d, mtopt_optimizer_t *ref, int s,
+                    float scale, int inf_tensor, grad_gen_t gen, int f32, rec_t *rec) {
   static float mine[DR_MAXN], sum[DR_MAXN], tmp[DR_MAXN];
   const float inv = (float)(1.0 / (double)g_world);
   EXPECT_OK(rec, mtopt_dist_optimizer_zero_grad(d));
@@ -202,7 +212,7 @@ void write_grads(const model_t *m, mtopt_dist_optimizer_t *d, mtopt_optimizer_t 
     EXPECT_OK(rec, mtopt_dist_optimizer_get_grad(d, i, &dg));
     if (ref) EXPECT_OK(rec, mtopt_optimizer_get_grad(ref, i, &rg));
     if (!dg || (ref && !rg)) continue;
-    rank_grad(s, g_rank, i, n, mine);
+    gen(s, g_rank, i, m->gdt[i], n, mine);
     for (int64_t e = 0; e < n; e++) {
       mine[e] *= scale;
       sum[e] = 0.0f;
@@ -210,9 +220,9 @@ void write_grads(const model_t *m, mtopt_dist_optimizer_t *d, mtopt_optimizer_t 
     /* F16: each rank's value times 1/world, rounded, then summed with a
      * rounding after each addition (in rank order: exact at a power-of-two
      * world, see average_is_exact_for); else the sum times 1/world. */
-    const int f16 = m->gdt[i] == MTOPT__DT_F16;
+    const int f16 = !f32 && m->gdt[i] == MTOPT__DT_F16;
     for (int q = 0; q < g_world; q++) {
-      rank_grad(s, q, i, n, tmp);
+      gen(s, q, i, m->gdt[i], n, tmp);
       for (int64_t e = 0; e < n; e++)
         sum[e] = f16 ? round_f16(sum[e] + round_f16(round_f16(tmp[e] * scale) * inv))
                      : sum[e] + tmp[e] * scale;
@@ -224,15 +234,19 @@ void write_grads(const model_t *m, mtopt_dist_optimizer_t *d, mtopt_optimizer_t 
       sum[0] = INFINITY;
     }
     mem_put_as(dg, m->gdt[i], mine, n);
-    if (ref) mem_put_as(rg, m->gdt[i], sum, n);
+    if (ref) mem_put_as(rg, f32 ? MTOPT__DT_F32 : m->gdt[i], sum, n);
   }
 }
 
 void step_both(const model_t *m, mtopt_dist_optimizer_t *d, mtopt_optimizer_t *ref, int s,
                float scale, int inf_tensor, rec_t *rec) {
+  write_grads(m, d, ref, s, scale, inf_tensor, rec);
+  step_written(d, ref, s, rec);
+}
+
+void step_written(mtopt_dist_optimizer_t *d, mtopt_optimizer_t *ref, int s, rec_t *rec) {
   int nb = 0;
   EXPECT_OK(rec, mtopt_dist_get_bucket_count(d, &nb));
-  write_grads(m, d, ref, s, scale, inf_tensor, rec);
   mark_random(d, nb, s, rec);
   EXPECT_OK(rec, mtopt_dist_step(d));
   if (ref) EXPECT_OK(rec, mtopt_optimizer_step(ref));

@@ -1,8 +1,8 @@
 /* The rig of the suites run under mpirun on either backend (dist.c,
- * dist_mixed.c): this rank, the run's seed and backend; the backend's memory;
- * failure recording; models of any dtypes, the ranks' gradients and their
- * average, random bucket marks, a step of both optimizers; comparisons with
- * the reference; checkpoint files; and main().
+ * dist_mixed.c, dist_reduce.c): this rank, the run's seed and backend; the
+ * backend's memory; failure recording; models of any dtypes, the ranks'
+ * gradients and their average, random bucket marks, a step of both
+ * optimizers; comparisons with the reference; checkpoint files; and main().
  *
  * The oracle: one process stepping the plain optimizer on the same backend,
  * on the averaged gradient made as the transport makes it (write_grads).
@@ -124,10 +124,19 @@ void rank_grad(int s, int q, int t, int64_t n, float *g);
  * that tensor's first element overflows on the last rank (so in the average). */
 void write_grads(const model_t *m, mtopt_dist_optimizer_t *d, mtopt_optimizer_t *ref, int s,
                  float scale, int inf_tensor, rec_t *rec);
+/* Rank q's gradient of tensor t, of gradient dtype dt, at step s: n values. */
+typedef void (*grad_gen_t)(int s, int q, int t, int dt, int64_t n, float *g);
+/* write_grads with the gradients of gen; f32: ref's gradients are F32 and get
+ * the fp32 average (the ranks' sum in float, in rank order, times
+ * (float)(1/world), in every dtype: the reduction of reduce_f32). */
+void write_grads_of(const model_t *m, mtopt_dist_optimizer_t *d, mtopt_optimizer_t *ref, int s,
+                    float scale, int inf_tensor, grad_gen_t gen, int f32, rec_t *rec);
 /* write_grads, a random subset of buckets marked ready (mark_random), the
  * distributed step (synchronised) and the reference's. */
 void step_both(const model_t *m, mtopt_dist_optimizer_t *d, mtopt_optimizer_t *ref, int s,
                float scale, int inf_tensor, rec_t *rec);
+/* step_both after the gradients of step s are written (by another writer). */
+void step_written(mtopt_dist_optimizer_t *d, mtopt_optimizer_t *ref, int s, rec_t *rec);
 
 /* Buckets of 512 bytes first, 2048 after (several in a small model), a 30 s
  * timeout, the given zero_stage. */

@@ -49,13 +49,16 @@
  * adds in float and rounds to nearest even after each addition, then the sum
  * times (float)(1 / world), rounded (F16: each rank's values times
  * (float)(1 / world), rounded, before the sum, as ncclAvg: a sum of ranks'
- * finite loss-scaled F16 gradients can overflow where their mean does not). Rounding the sum at every addition costs
- * about log2(world) bf16 ulps against a sum in fp32: a model that needs the
- * fp32 sum registers F32 gradients for those tensors (any parameter dtype;
- * backward then accumulates in fp32 too). The statistics (global norm,
- * non-finite count) are taken from the averaged gradient in its dtype, the
- * same on every rank, so clipping, skipping and the dynamic loss scale agree
- * everywhere.
+ * finite loss-scaled F16 gradients can overflow where their mean does not).
+ * Rounding the sum at every addition costs about log2(world) bf16 ulps
+ * against a sum in fp32. Where that matters, set reduce_f32 in the
+ * communicator's config: each 16-bit bucket is then widened to fp32 (exact),
+ * reduced and averaged in fp32 as an F32 bucket is, and stepped from the
+ * fp32 average; or register F32 gradients for those tensors (any parameter
+ * dtype; backward then accumulates in fp32 too). The statistics (global
+ * norm, non-finite count) are taken from the averaged gradient the step
+ * reads (in its dtype, or fp32 with reduce_f32), the same on every rank, so
+ * clipping, skipping and the dynamic loss scale agree everywhere.
  *
  * The epilogue. zero_stage 0: each bucket is all-reduced and averaged (sum,
  * then times 1/world); without clipping, loss scaling or skip_nonfinite, its
@@ -157,6 +160,18 @@ typedef struct {
    * where the driver has no green contexts, INVALID_ARGUMENT where no SM is
    * left for the steps, CUDA_ERROR if the split fails. Ignored on the CPU. */
   int comm_sm_count;
+  /* 16-bit gradient buckets (BF16, F16; see "Reduction in 16 bits" above).
+   * 0: reduced in their dtype; 1: each bucket is widened (exactly) into an
+   * fp32 buffer of the library's and reduced (averaged) in fp32, and the
+   * optimizer steps on the fp32 average (statistics too): backward still
+   * writes 16-bit gradients into the views of mtopt_dist_optimizer_get_grad,
+   * which then keep this rank's gradients through the step (zero_stage 0
+   * without it: the 16-bit average). Costs 4 bytes of fp32 buffer per 16-bit
+   * gradient element (grad_bytes of mtopt_dist_memory_t; with ZeRO-1 the
+   * reduced slice is fp32 too, shard_bytes) and twice the bytes on the wire.
+   * F32 buckets are reduced in fp32 either way. Other values:
+   * INVALID_ARGUMENT. A struct_size that ends before this field gets 0. */
+  int reduce_f32;
 } mtopt_comm_config_t;
 
 /* The automatic SM partition's share for the collectives: on 2 H200s (132
@@ -166,7 +181,7 @@ typedef struct {
 
 #define MTOPT_COMM_CONFIG_INIT                                                 \
   {sizeof(mtopt_comm_config_t), MTOPT_VERSION_CODE, (size_t)25 << 20,          \
-   (size_t)1 << 20, 300000, 0, 0}
+   (size_t)1 << 20, 300000, 0, 0, 0}
 
 /* The rank of the calling process among the ranks of `comm` that share its
  * node (MPI_Comm_split_type(MPI_COMM_TYPE_SHARED)): the CUDA device a rank
@@ -227,9 +242,10 @@ MTOPT_API mtopt_status_t mtopt_dist_optimizer_destroy(mtopt_dist_optimizer_t *do
 
 /* The inner optimizer, owned by dopt: use it for hyperparameters
  * (mtopt_optimizer_set_lr ...), step info and, with zero_stage 0, state and
- * gradient views (it indexes the list's tensors). With zero_stage 1 its tensors
- * are this rank's pieces, not the list's. Never call mtopt_optimizer_step on
- * it: step with mtopt_dist_step. */
+ * gradient views (it indexes the list's tensors; with reduce_f32 the views
+ * of 16-bit gradients are the fp32 averages the step reads, F32). With
+ * zero_stage 1 its tensors are this rank's pieces, not the list's. Never call
+ * mtopt_optimizer_step on it: step with mtopt_dist_step. */
 MTOPT_API mtopt_status_t mtopt_dist_optimizer_get_optimizer(mtopt_dist_optimizer_t *dopt,
                                                             mtopt_optimizer_t **opt);
 /* A list tensor's gradient view (numel elements of its grad_dtype in the
@@ -310,15 +326,16 @@ MTOPT_API mtopt_status_t mtopt_dist_optimizer_load(mtopt_dist_optimizer_t *dopt,
 
 /* Memory a distributed optimizer owns on this rank, in bytes, for the model
  * of `params` elements: the inner optimizer's state and master weights (with
- * ZeRO-1 about 1/world of plain data parallel's), the gradient buffers, and
- * (ZeRO-1) the shard of reduced gradients and the staging of weights wider
- * than their gradients. Local. Errors: INVALID_ARGUMENT (NULL, or a
- * struct_size too small). */
+ * ZeRO-1 about 1/world of plain data parallel's), the gradient buffers (with
+ * reduce_f32 also the fp32 buffers the 16-bit buckets are widened into), and
+ * (ZeRO-1) the shard of reduced gradients (fp32 slices for widened buckets)
+ * and the staging of weights wider than their gradients. Local. Errors:
+ * INVALID_ARGUMENT (NULL, or a struct_size too small). */
 typedef struct {
   size_t struct_size;  /* sizeof(mtopt_dist_memory_t) */
   int64_t params;      /* elements of the list's tensors */
   int64_t state_bytes; /* moments (or momentum buffers) and master weights */
-  int64_t grad_bytes;  /* the gradient buffers */
+  int64_t grad_bytes;  /* the gradient buffers (reduce_f32: and their fp32 copies) */
   int64_t shard_bytes; /* ZeRO-1: reduced slices and wide staging */
 } mtopt_dist_memory_t;
 

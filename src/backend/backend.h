@@ -45,6 +45,13 @@ typedef struct mtopt__backend_ops {
   mtopt_status_t (*run_pass)(mtopt_context_t *ctx, const mtopt__plan_t *plan,
                              mtopt__pass_t pass, int64_t c0, int64_t c1, void *const *stream);
   mtopt_status_t (*synchronize)(mtopt_context_t *ctx);
+  /* Enqueues (CUDA) or runs (CPU) dst[i] = src[i] for i in [0, n): src of
+   * dtype dt (MTOPT__DT_BF16 or _F16) widened to fp32 exactly, by dtype.h's
+   * conversions (NaN and inf kept). The distributed layer's fp32 reduction of
+   * 16-bit gradient buckets. stream: as run_pass's (the communication
+   * stream, so that the collective reading dst is ordered after it). */
+  mtopt_status_t (*widen)(mtopt_context_t *ctx, float *dst, const void *src, int dt, int64_t n,
+                          void *const *stream);
   /* In stream order: mtopt__stats_finalize(plan->hyper, plan->stats_sum[0],
    * (uint64_t)plan->stats_sum[1]), the deferred end of a STATS pass. */
   mtopt_status_t (*finish_stats)(mtopt_context_t *ctx, const mtopt__plan_t *plan);

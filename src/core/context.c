@@ -124,5 +124,9 @@ void mtopt__context_free(mtopt_context_t *ctx, void *ptr) {
 mtopt_status_t mtopt__context_zero(mtopt_context_t *ctx, void *dst, size_t bytes) {
   return ctx->ops->zero_ordered(ctx, dst, bytes);
 }
+mtopt_status_t mtopt__context_widen(mtopt_context_t *ctx, float *dst, const void *src, int dt,
+                                    int64_t n, void *const *stream) {
+  return ctx->ops->widen(ctx, dst, src, dt, n, stream);
+}
 void mtopt__context_hold(mtopt_context_t *ctx) { ctx->live_objects++; }
 void mtopt__context_unhold(mtopt_context_t *ctx) { ctx->live_objects--; }

@@ -23,6 +23,12 @@ MTOPT__INTERNAL void mtopt__context_free(mtopt_context_t *ctx, void *ptr);
 /* Zeroes backend memory in stream order. */
 MTOPT__INTERNAL mtopt_status_t mtopt__context_zero(mtopt_context_t *ctx, void *dst,
                                                    size_t bytes);
+/* dst[0, n) = src[0, n) of dtype dt (MTOPT__DT_BF16/_F16) widened exactly to
+ * fp32, in the order of `stream` (backend.h's widen: NULL the context's
+ * stream, else a pointer to the cudaStream_t; the CPU runs it at once). */
+MTOPT__INTERNAL mtopt_status_t mtopt__context_widen(mtopt_context_t *ctx, float *dst,
+                                                    const void *src, int dt, int64_t n,
+                                                    void *const *stream);
 /* Objects made from the context (the communicator counts as one): the context
  * refuses to be destroyed while any is alive. */
 MTOPT__INTERNAL void mtopt__context_hold(mtopt_context_t *ctx);

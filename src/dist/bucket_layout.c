@@ -69,9 +69,11 @@ static int64_t bucket_end(const mtopt__bucket_layout_t *L, int k) {
   for (int64_t i = bucket_begin(L, k); i < bucket_end(L, k); i++)             \
     if ((L)->tbucket[i] == (k))
 
-/* ZeRO-1 offsets, slices and staging (bucket_layout.h, step 1). */
-static void zero1_offsets(mtopt__bucket_layout_t *L, const void *const *param) {
+/* The offsets of the buffers the layer owns (bucket_layout.h, step 1), and
+ * ZeRO-1's slices, shard and staging. */
+static void own_offsets(mtopt__bucket_layout_t *L, const void *const *param) {
   const int W = L->world;
+  const int64_t pad = L->zero ? 8 * (int64_t)W : 1;
   int64_t off[MTOPT__NUM_DTYPES] = {0, 0, 0}, soff = 0, woff = 0;
   for (int k = 0; k < L->nb; k++) {
     mtopt__bucket_t *b = &L->b[k];
@@ -86,14 +88,15 @@ static void zero1_offsets(mtopt__bucket_layout_t *L, const void *const *param) {
       L->goff[i] = mtopt__place(end * ge, ge, param[i], pe) / ge;
       end = L->goff[i] + L->numel[i];
     }
-    b->slice = round_up((end - b->offset + W - 1) / W, 8);
-    b->numel = b->slice * W;
+    b->numel = round_up(end - b->offset, pad);
+    off[b->gdt] += b->numel;
+    if (!L->zero) continue;
+    b->slice = b->numel / W;
     b->shard_off = soff;
     b->stage_wide = pe > ge;
     b->stage_off = b->stage_wide ? woff : b->offset * ge;
     if (b->stage_wide) woff += b->numel * pe;
-    off[b->gdt] += b->numel;
-    soff += b->slice * ge;
+    soff += b->slice * mtopt__dt_size(b->rdt);
   }
   for (int d = 0; d < MTOPT__NUM_DTYPES; d++) L->gbuf_numel[d] = off[d];
   L->shard_bytes = soff;
@@ -107,14 +110,14 @@ static void zero1_pieces(mtopt__bucket_layout_t *L) {
   for (int k = 0; k < L->nb; k++) {
     mtopt__bucket_t *b = &L->b[k];
     const int64_t s0 = b->offset + (int64_t)L->rank * b->slice, s1 = s0 + b->slice;
-    const int64_t ge = mtopt__dt_size(b->gdt);
+    const int64_t re = mtopt__dt_size(b->rdt);
     b->p0 = np;
     FOR_BUCKET_TENSOR(L, k, i) {
       const int64_t lo = L->goff[i] > s0 ? L->goff[i] : s0;
       const int64_t hi = L->goff[i] + L->numel[i] < s1 ? L->goff[i] + L->numel[i] : s1;
       if (hi <= lo) continue;
       L->pieces[np++] =
-          (mtopt__piece_t){i, lo - L->goff[i], hi - lo, b->shard_off + (lo - s0) * ge};
+          (mtopt__piece_t){i, lo - L->goff[i], hi - lo, b->shard_off + (lo - s0) * re};
     }
     b->p1 = np;
   }
@@ -156,8 +159,18 @@ mtopt_status_t mtopt__bucket_layout_create(mtopt_context_t *ctx, const char *fn,
       if (cls_of(L->gdt, L->pdt, i) == cls_of(&L->b[k].gdt, &L->b[k].pdt, 0)) L->tbucket[i] = k;
   int64_t j = 0;
   for (int k = L->nb - 1; k >= 0; k--) FOR_BUCKET_TENSOR(L, k, i) L->order[j++] = i;
+  L->own = L->zero;
+  for (int k = 0; k < L->nb; k++) {
+    mtopt__bucket_t *b = &L->b[k];
+    b->rdt = a->reduce_f32 ? F32 : b->gdt;
+    if (b->rdt != b->gdt) {
+      L->own = 1;
+      L->f32_copy[b->gdt] = 1;
+    }
+  }
+  if (!L->own) return MTOPT_STATUS_SUCCESS;
+  own_offsets(L, a->param);
   if (!L->zero) return MTOPT_STATUS_SUCCESS;
-  zero1_offsets(L, a->param);
   /* At most one piece per tensor and bucket boundary. */
   L->pieces = malloc((size_t)(L->nt + L->nb + 1) * sizeof *L->pieces);
   if (!L->pieces) return oom(ctx, fn);

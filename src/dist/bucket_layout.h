@@ -8,10 +8,11 @@
  * size and rank (tests/bucket_plan.c). It is built in steps because the chunk
  * facts come from the inner optimizer, and with ZeRO-1 that optimizer is made
  * over the pieces of the first step:
- *   1. mtopt__bucket_layout_create: the buckets; ZeRO-1: the gradient
- *      offsets, slices and this rank's pieces.
- *   2. zero_stage 0 only: mtopt__bucket_layout_set_grads, the offsets of the
- *      core's gradient buffer (the inner optimizer lays it out).
+ *   1. mtopt__bucket_layout_create: the buckets; where the layer owns the
+ *      gradient buffers (`own`: ZeRO-1, or 16-bit buckets reduced in fp32),
+ *      the gradient offsets; ZeRO-1: the slices and this rank's pieces.
+ *   2. otherwise: mtopt__bucket_layout_set_grads, the offsets of the core's
+ *      gradient buffer (the inner optimizer lays it out).
  *   3. mtopt__bucket_layout_segments: each bucket's chunk range, and the
  *      segments.
  * Not installed; single-threaded like its owner. */
@@ -33,11 +34,15 @@
 typedef struct {
   int64_t first_tensor, num_tensors; /* the span of list indices */
   int gdt, pdt;                      /* its class (MTOPT__DT_*) */
+  int rdt;                           /* the dtype it is reduced in: gdt, or F32
+                                        (reduce_f32: a 16-bit bucket is widened
+                                        into the fp32 copy of its buffer) */
   int first_of_class;                /* closed at first_bucket_bytes */
   int64_t offset, numel;             /* elements of the gradient buffer of gdt */
   int64_t c0, c1;                    /* chunk range of the inner optimizer */
   int64_t slice;                     /* ZeRO-1: elements per rank */
-  int64_t shard_off;                 /* ZeRO-1: bytes, this rank's slice in the shard buffer */
+  int64_t shard_off;                 /* ZeRO-1: bytes, this rank's slice (of rdt) in the
+                                        shard buffer */
   /* ZeRO-1: where the new weights are staged for the all-gather, rank r's
    * slice at stage_off + r * slice * pdt's size bytes: in the gradient buffer
    * of gdt (stage_wide 0, at the bucket's own bytes: the parameter is no
@@ -78,10 +83,15 @@ typedef struct {
   size_t first_bucket_bytes, bucket_bytes; /* > 0 */
   int zero_stage;           /* 0 or 1 */
   int world, rank;          /* world >= 1, 0 <= rank < world */
+  int reduce_f32;           /* 16-bit buckets reduced in fp32 (mtopt_comm_config_t) */
 } mtopt__bucket_layout_args_t;
 
 typedef struct {
   int zero, world, rank;
+  /* The layer owns the gradient buffers and lays them out (step 1): with
+   * ZeRO-1, or where a bucket is reduced in fp32 (the inner optimizer then
+   * reads the fp32 copy, not the core's buffer); else the core does (step 2). */
+  int own;
   size_t first_bucket_bytes, bucket_bytes;
   int64_t nt;        /* list tensors */
   int64_t *numel;    /* per list tensor (a copy) */
@@ -99,7 +109,11 @@ typedef struct {
   int ns;
   mtopt__segment_t *seg;
   int64_t gbuf_numel[MTOPT__NUM_DTYPES]; /* the gradient buffers' elements */
-  int64_t shard_bytes;                   /* ZeRO-1: this rank's slices, one after another */
+  /* Per 16-bit dtype: its buffer has an fp32 copy, element for element
+   * (gbuf_numel floats), that its buckets are widened into and reduced in. */
+  int f32_copy[MTOPT__NUM_DTYPES];
+  int64_t shard_bytes;                   /* ZeRO-1: this rank's slices, one after another,
+                                            each of its bucket's rdt */
   int64_t wide_bytes;                    /* ZeRO-1: the wide staging buffer */
   mtopt__piece_t *pieces; /* ZeRO-1, bucket by bucket */
   int64_t npieces;
@@ -116,24 +130,26 @@ MTOPT__HIDDEN int mtopt__bucket_group(const int64_t *numel, const int *gdt, cons
                                       int64_t n, size_t first_bytes, size_t bytes,
                                       mtopt__bucket_t *b);
 
-/* Step 1. The buckets and the chunk order; ZeRO-1: per gradient dtype,
- * buckets one after another in bucket order, each padded to a multiple of
- * 8 * world elements so that every rank's slice is the same size and 16-byte
- * aligned in any dtype; tensors inside at offsets with their weights'
- * residue mod 16 bytes (mtopt__place, as the core's buffers), so that w, g
- * and state share one vector path; then this rank's pieces, in bucket order
- * (so that each bucket's pieces, and chunks, are contiguous in the inner
- * optimizer). *L is zeroed first; on failure (OUT_OF_MEMORY; ctx may be NULL)
+/* Step 1. The buckets, their reduction dtypes and the chunk order; where
+ * the layer owns the buffers: per gradient dtype, buckets one after another
+ * in bucket order (ZeRO-1: each padded to a multiple of 8 * world elements,
+ * so that every rank's slice is the same size and 16-byte aligned in any
+ * dtype), tensors inside at offsets with their weights' residue mod 16 bytes
+ * (mtopt__place, as the core's buffers), so that w, g and state share one
+ * vector path (an fp32 copy at the same element offsets keeps it: a 16-byte
+ * boundary of 2-byte elements is one of 4-byte elements); ZeRO-1: then this
+ * rank's pieces, in bucket order (so that each bucket's pieces, and chunks,
+ * are contiguous in the inner optimizer). *L is zeroed first; on failure (OUT_OF_MEMORY; ctx may be NULL)
  * it may hold allocations: free it either way. */
 MTOPT__HIDDEN mtopt_status_t mtopt__bucket_layout_create(mtopt_context_t *ctx, const char *fn,
                                                          const mtopt__bucket_layout_args_t *a,
                                                          mtopt__bucket_layout_t *L);
 
-/* Step 2, zero_stage 0: grad_off[i] is tensor i's offset in the core's
- * gradient buffer of its dtype, of buffer_numel[dtype] elements (read only
- * where numel[i] > 0). Sets every offset, and each bucket's range: from its
- * first non-empty tensor's gradient to its last one's end (empty for a
- * bucket of empty tensors). */
+/* Step 2, where the core owns the buffers (!own): grad_off[i] is tensor i's
+ * offset in the core's gradient buffer of its dtype, of buffer_numel[dtype]
+ * elements (read only where numel[i] > 0). Sets every offset, and each
+ * bucket's range: from its first non-empty tensor's gradient to its last
+ * one's end (empty for a bucket of empty tensors). */
 MTOPT__HIDDEN void mtopt__bucket_layout_set_grads(mtopt__bucket_layout_t *L,
                                                   const int64_t *grad_off,
                                                   const int64_t *buffer_numel);

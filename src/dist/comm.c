@@ -73,6 +73,11 @@ static mtopt_status_t read_comm_config(mtopt_context_t *ctx, const char *fn,
                         "%s: comm_sm_count %d is not -1 (no partition), 0 (automatic) or a "
                         "number of SMs",
                         fn, out->comm_sm_count);
+  if (out->reduce_f32 != 0 && out->reduce_f32 != 1)
+    return mtopt__error(ctx, MTOPT_STATUS_INVALID_ARGUMENT,
+                        "%s: reduce_f32 %d is not 0 (16-bit buckets reduced in their dtype) "
+                        "or 1 (in fp32)",
+                        fn, out->reduce_f32);
   return MTOPT_STATUS_SUCCESS;
 }
 

@@ -27,7 +27,10 @@ struct mtopt_dist_optimizer {
   const mtopt__transport_ops_t *ops; /* the communicator's */
   mtopt__transport_t *tr;
   mtopt_tensor_list_t *list;       /* the user's; frozen while we live */
-  mtopt_tensor_list_t *shard_list; /* ZeRO-1: the pieces */
+  /* The inner optimizer's tensors where the layer owns the gradient buffers
+   * (lay.own), or NULL: ZeRO-1's pieces, or (zero_stage 0) copies of the
+   * list's tensors reading their gradients where the reduction leaves them. */
+  mtopt_tensor_list_t *inner_list;
   mtopt_optimizer_t *opt;          /* the inner optimizer */
   const mtopt__plan_t *plan;       /* the inner optimizer's */
   mtopt_optimizer_config_t config; /* as read at create */
@@ -35,8 +38,11 @@ struct mtopt_dist_optimizer {
   mtopt__bucket_layout_t lay; /* buckets, offsets, segments, pieces */
   char **param;               /* per list tensor */
   /* The gradient buffers, one per gradient dtype (MTOPT__DT_*; NULL where
-   * no tensor has it): ZeRO-1, ours; else the inner optimizer's. */
+   * no tensor has it): ours where lay.own, else the inner optimizer's. */
   char *gbuf[MTOPT__NUM_DTYPES];
+  /* Their fp32 copies, element for element, where lay.f32_copy (reduce_f32:
+   * the 16-bit buckets are widened into them and reduced there); else NULL. */
+  char *gf32[MTOPT__NUM_DTYPES];
   char *shard; /* ZeRO-1: this rank's reduced slices */
   char *wide;  /* ZeRO-1: staging of weights wider than their gradients */
   /* one step */
@@ -49,6 +55,15 @@ struct mtopt_dist_optimizer {
   mtopt__transport_slots_t *slots;
   int broken;
 };
+
+/* Element e of bucket k's reduction buffer, the one its collective reduces
+ * and its step reads (zero_stage 0): the gradient buffer of its dtype, or its
+ * fp32 copy where the bucket is reduced in fp32. */
+static inline char *mtopt__dist_reduced_at(const mtopt_dist_optimizer_t *d, int k, int64_t e) {
+  const mtopt__bucket_t *b = &d->lay.b[k];
+  char *base = b->rdt != b->gdt ? d->gf32[b->gdt] : d->gbuf[b->gdt];
+  return base + e * mtopt__dt_size(b->rdt);
+}
 
 /* INVALID_ARGUMENT for a NULL dopt. */
 MTOPT__HIDDEN mtopt_status_t mtopt__dist_check(const mtopt_dist_optimizer_t *d, const char *fn);

@@ -14,9 +14,11 @@ int64_t mtopt__dist_min_segment_chunks = 256;
 static void dist_free(mtopt_dist_optimizer_t *d) {
   mtopt_context_t *ctx = d->ctx;
   if (d->opt) mtopt_optimizer_destroy(d->opt);
-  if (d->shard_list) mtopt_tensor_list_destroy(d->shard_list);
-  if (d->zero)
-    for (int dt = 0; dt < MTOPT__NUM_DTYPES; dt++) mtopt__context_free(ctx, d->gbuf[dt]);
+  if (d->inner_list) mtopt_tensor_list_destroy(d->inner_list);
+  for (int dt = 0; dt < MTOPT__NUM_DTYPES; dt++) {
+    if (d->lay.own) mtopt__context_free(ctx, d->gbuf[dt]);
+    mtopt__context_free(ctx, d->gf32[dt]);
+  }
   mtopt__context_free(ctx, d->shard);
   mtopt__context_free(ctx, d->wide);
   if (d->slots) d->ops->slots_destroy(d->slots);
@@ -46,48 +48,65 @@ static mtopt_status_t alloc_bytes(mtopt_context_t *ctx, int64_t bytes, char **ou
   return bytes > 0 ? mtopt__context_alloc(ctx, (size_t)bytes, (void **)out) : MTOPT_STATUS_SUCCESS;
 }
 
-/* ZeRO-1: the buffers of the layout, and this rank's pieces as the inner
- * optimizer's tensors (their gradients in the shard buffer), rounding
- * stochastically as the tensors they are part of. */
-static mtopt_status_t build_zero1(mtopt_dist_optimizer_t *d, const char *fn) {
+/* Where the layer owns the gradient buffers (lay.own): the buffers of the
+ * layout (the gradients, their fp32 copies, ZeRO-1's shard and staging), and
+ * the inner optimizer over copies of the list's tensors. ZeRO-1: this rank's
+ * pieces, their gradients in the shard buffer, rounding stochastically as
+ * the tensors they are part of. zero_stage 0: every tensor, in the layout's
+ * chunk order, reading its gradient where its reduction leaves it. Either
+ * way a tensor of a bucket reduced in fp32 has an F32 gradient. */
+static mtopt_status_t build_own(mtopt_dist_optimizer_t *d, const char *fn) {
   mtopt_context_t *ctx = d->ctx;
   const mtopt__bucket_layout_t *L = &d->lay;
-  for (int dt = 0; dt < MTOPT__NUM_DTYPES; dt++)
+  for (int dt = 0; dt < MTOPT__NUM_DTYPES; dt++) {
     CHECK(alloc_bytes(ctx, L->gbuf_numel[dt] * mtopt__dt_size(dt), &d->gbuf[dt]));
+    if (L->f32_copy[dt]) CHECK(alloc_bytes(ctx, L->gbuf_numel[dt] * 4, &d->gf32[dt]));
+  }
   CHECK(alloc_bytes(ctx, L->shard_bytes, &d->shard));
   CHECK(alloc_bytes(ctx, L->wide_bytes, &d->wide));
-  CHECK(mtopt_tensor_list_create(ctx, &d->shard_list));
-  mtopt__tensor_list_copy_groups(d->shard_list, d->list);
-  const size_t np1 = (size_t)(L->npieces > 0 ? L->npieces : 1);
-  int32_t *sr_tensor = malloc(np1 * sizeof *sr_tensor);
-  int64_t *sr_elem0 = malloc(np1 * sizeof *sr_elem0);
+  CHECK(mtopt_tensor_list_create(ctx, &d->inner_list));
+  mtopt__tensor_list_copy_groups(d->inner_list, d->list);
+  const int64_t n = d->zero ? L->npieces : L->nt;
+  const size_t n1 = (size_t)(n > 0 ? n : 1);
+  int32_t *sr_tensor = malloc(n1 * sizeof *sr_tensor);
+  int64_t *sr_elem0 = malloc(n1 * sizeof *sr_elem0);
   mtopt_status_t st = MTOPT_STATUS_SUCCESS;
   if (!sr_tensor || !sr_elem0)
     st = mtopt__error(ctx, MTOPT_STATUS_OUT_OF_MEMORY, "%s: malloc failed", fn);
-  for (int64_t p = 0; p < L->npieces && st == MTOPT_STATUS_SUCCESS; p++) {
-    const mtopt__piece_t *q = &L->pieces[p];
-    mtopt_tensor_desc_t desc = *mtopt__tensor_list_desc(d->list, q->tensor);
+  for (int64_t p = 0; p < n && st == MTOPT_STATUS_SUCCESS; p++) {
+    const mtopt__piece_t q = d->zero ? L->pieces[p] : (mtopt__piece_t){p, 0, L->numel[p], 0};
+    const int k = L->tbucket[q.tensor];
+    mtopt_tensor_desc_t desc = *mtopt__tensor_list_desc(d->list, q.tensor);
     desc.struct_size = sizeof desc;
-    desc.param = d->param[q->tensor] + q->start * mtopt__dt_size(desc.param_dtype);
-    desc.grad = d->shard + q->shard_pos;
-    desc.numel = q->len;
-    sr_tensor[p] = (int32_t)q->tensor;
-    sr_elem0[p] = q->start;
-    st = mtopt_tensor_list_add(d->shard_list, &desc, NULL);
+    desc.grad_dtype = (mtopt_dtype_t)L->b[k].rdt;
+    if (d->zero) {
+      desc.param = d->param[q.tensor] + q.start * mtopt__dt_size(desc.param_dtype);
+      desc.grad = d->shard + q.shard_pos;
+    } else if (q.len) {
+      desc.grad = mtopt__dist_reduced_at(d, k, L->goff[q.tensor]);
+    }
+    desc.numel = q.len;
+    sr_tensor[p] = (int32_t)q.tensor;
+    sr_elem0[p] = q.start;
+    st = mtopt_tensor_list_add(d->inner_list, &desc, NULL);
   }
-  /* Each rank holds a shard: the global norm needs every rank's sums. */
-  const mtopt__optimizer_options_t shard = {
-      .defer_stats = 1, .sr_tensor = sr_tensor, .sr_elem0 = sr_elem0};
+  /* ZeRO-1: each rank holds a shard, so the global norm needs every rank's
+   * sums; its pieces are in bucket order already. zero_stage 0: the keys are
+   * the default ones, (index, 0). */
+  const mtopt__optimizer_options_t opts = {.defer_stats = d->zero,
+                                           .order = d->zero ? NULL : L->order,
+                                           .sr_tensor = sr_tensor,
+                                           .sr_elem0 = sr_elem0};
   if (st == MTOPT_STATUS_SUCCESS)
-    st = mtopt__optimizer_create(ctx, d->shard_list, &d->config, &shard, &d->opt);
+    st = mtopt__optimizer_create(ctx, d->inner_list, &d->config, &opts, &d->opt);
   free(sr_tensor);
   free(sr_elem0);
   return st;
 }
 
-/* zero_stage 0: the inner optimizer owns the buffers (one per gradient
- * dtype, in the layout's chunk order, with alignment padding); the layout
- * takes its offsets. */
+/* zero_stage 0 without fp32 reductions: the inner optimizer owns the
+ * buffers (one per gradient dtype, in the layout's chunk order, with
+ * alignment padding); the layout takes its offsets. */
 static mtopt_status_t build_zero0(mtopt_dist_optimizer_t *d, const char *fn) {
   const mtopt__optimizer_options_t local = {.order = d->lay.order};
   CHECK(mtopt__optimizer_create(d->ctx, d->list, &d->config, &local, &d->opt));
@@ -140,6 +159,7 @@ static mtopt_status_t build(mtopt_dist_optimizer_t *d, const char *fn) {
       .first_bucket_bytes = comm->cfg.first_bucket_bytes,
       .bucket_bytes = comm->cfg.bucket_bytes,
       .zero_stage = d->zero,
+      .reduce_f32 = comm->cfg.reduce_f32,
       .world = comm->world,
       .rank = comm->rank,
   };
@@ -149,7 +169,7 @@ static mtopt_status_t build(mtopt_dist_optimizer_t *d, const char *fn) {
   CHECK(st);
   d->marked = calloc((size_t)(d->lay.nb > 0 ? d->lay.nb : 1), 1);
   if (!d->marked) return mtopt__error(d->ctx, MTOPT_STATUS_OUT_OF_MEMORY, "%s: calloc failed", fn);
-  CHECK(d->zero ? build_zero1(d, fn) : build_zero0(d, fn));
+  CHECK(d->lay.own ? build_own(d, fn) : build_zero0(d, fn));
   d->plan = mtopt__optimizer_plan(d->opt);
   /* Inner tensors: the list's (zero_stage 0) or the pieces (1). */
   int64_t *first = NULL, *count = NULL;
@@ -222,7 +242,7 @@ mtopt_status_t mtopt_dist_optimizer_create(mtopt_comm_t *comm, mtopt_tensor_list
   /* Every rank reaches this point with the same arguments (or fails above on
    * every rank alike), so the check's collectives always match. */
   CHECK_GOTO(mtopt__dist_rank_agreement(d, fn), st, fail);
-  if (d->zero) mtopt__tensor_list_freeze(list); /* zero_stage 0: the inner optimizer did */
+  if (d->inner_list) mtopt__tensor_list_freeze(list); /* else the inner optimizer did */
   comm->users++;
   *out = d;
   return MTOPT_STATUS_SUCCESS;
@@ -242,15 +262,16 @@ mtopt_status_t mtopt_dist_optimizer_destroy(mtopt_dist_optimizer_t *d) {
   /* A failure that an earlier call already reported is not reported again. */
   if (dst != MTOPT_STATUS_SUCCESS && !d->broken) st = dst;
   d->comm->users--;
-  if (d->zero) mtopt__tensor_list_unfreeze(d->list);
+  if (d->inner_list) mtopt__tensor_list_unfreeze(d->list);
   if (pending) {
     /* The objects go; the buffers a collective may still write stay
      * allocated. */
     mtopt_context_t *ctx = d->ctx;
-    if (d->zero)
+    if (d->lay.own)
       memset(d->gbuf, 0, sizeof d->gbuf);
     else
       mtopt__optimizer_detach_grads(d->opt);
+    memset(d->gf32, 0, sizeof d->gf32);
     d->shard = d->wide = NULL;
     dist_free(d);
     return mtopt__error(ctx, MTOPT_STATUS_COMM_ERROR,
@@ -417,7 +438,8 @@ mtopt_status_t mtopt_dist_optimizer_get_memory(const mtopt_dist_optimizer_t *d,
   const mtopt__bucket_layout_t *L = &d->lay;
   int64_t params = 0, grads = 0;
   for (int64_t i = 0; i < L->nt; i++) params += L->numel[i];
-  for (int dt = 0; dt < MTOPT__NUM_DTYPES; dt++) grads += L->gbuf_numel[dt] * mtopt__dt_size(dt);
+  for (int dt = 0; dt < MTOPT__NUM_DTYPES; dt++)
+    grads += L->gbuf_numel[dt] * (mtopt__dt_size(dt) + (L->f32_copy[dt] ? 4 : 0));
   mem->params = params;
   mem->state_bytes = info.state_bytes;
   mem->grad_bytes = grads;

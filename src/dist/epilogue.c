@@ -101,15 +101,21 @@ static char *grad_at(const mtopt_dist_optimizer_t *d, int dt, int64_t e) {
 
 /* Starts segment s's reduction (ZeRO-1: the segment is its bucket). The
  * transport's work already waits for the gradients (progress); the pass that
- * reads this segment waits for its slot (dist_step). */
+ * reads this segment waits for its slot (dist_step). A bucket reduced in
+ * fp32 (reduce_f32) is first widened into the fp32 copy of its buffer, on
+ * the transport's stream, so that the collective comes after it. */
 static mtopt_status_t start_segment(mtopt_dist_optimizer_t *d, int s) {
   const mtopt__segment_t *g = &d->lay.seg[s];
   const mtopt__bucket_t *b = &d->lay.b[g->bucket];
+  const int64_t off = d->zero ? b->offset : g->offset, n = d->zero ? b->numel : g->numel;
+  char *red = mtopt__dist_reduced_at(d, g->bucket, off);
+  if (b->rdt != b->gdt)
+    CHECK(mtopt__context_widen(d->ctx, (float *)red, grad_at(d, b->gdt, off), b->gdt, n,
+                               d->ops->comm_stream(d->tr)));
   if (d->zero)
-    return d->ops->reduce_scatter_avg(d->slots, s, grad_at(d, b->gdt, b->offset),
-                                      d->shard + b->shard_off, b->slice, b->gdt, reduction);
-  return d->ops->allreduce_avg(d->slots, s, grad_at(d, b->gdt, g->offset), g->numel, b->gdt,
-                               reduction);
+    return d->ops->reduce_scatter_avg(d->slots, s, red, d->shard + b->shard_off, b->slice,
+                                      b->rdt, reduction);
+  return d->ops->allreduce_avg(d->slots, s, red, n, b->rdt, reduction);
 }
 
 /* Issues the reductions of marked buckets in bucket order (every rank must

@@ -1,9 +1,10 @@
 /* The rank agreement check (dist_internal.h): every rank must have built the
  * same bucket layout, or the collectives would mix unrelated ranges (or hang
  * on different counts). One max-reduction of (x, -x) gives max and min of
- * each fact; where they differ, a second one over the per-tensor records
- * finds the first differing tensor. Both run on every rank, so every rank
- * reports the same mismatch. */
+ * each fact; a setting that differs is named; where a fact of the tensors
+ * differs, a second one over the per-tensor records finds the first
+ * differing tensor. Both run on every rank, so every rank reports the same
+ * mismatch. */
 #include <limits.h>
 #include <stdlib.h>
 
@@ -15,9 +16,16 @@ static uint64_t mix(uint64_t h, int64_t v) {
   return h ^ (h >> 33);
 }
 
-enum { H_NT, H_ZERO, H_BUCKET, H_FIRST, H_KIND, H_CHUNK, H_STATS, H_PREC, H_NB, H_GBUF, H_HASH, H_N };
+/* The facts, settings first: a setting that differs is named before any
+ * consequence (reduce_f32 moves the gradient offsets: the layer then lays
+ * the buffers out). */
+enum {
+  H_NT, H_ZERO, H_REDUCE, H_BUCKET, H_FIRST, H_KIND, H_CHUNK, H_STATS, H_PREC, H_NB, H_GBUF,
+  H_HASH, H_N
+};
 static const char *const h_names[H_N] = {
-    "tensor count", "zero_stage", "bucket_bytes", "first_bucket_bytes", "optimizer kind",
+    "tensor count", "zero_stage", "reduce_f32", "bucket_bytes", "first_bucket_bytes",
+    "optimizer kind",
     "chunk_size", "statistics pass (clipping / loss scaling / skip_nonfinite)",
     "precision (state_dtype / master_weights / rounding)", "bucket count",
     "gradient buffer bytes", "tensor table"};
@@ -29,6 +37,16 @@ static int64_t dtypes_of(const mtopt_tensor_desc_t *t) {
 
 static mtopt_status_t max_over_ranks(mtopt_dist_optimizer_t *d, int64_t *v, int n) {
   return d->ops->max_i64(d->tr, v, n, "mtopt_dist_optimizer_create (plan check)");
+}
+
+/* Fact k is between -v[H_N + k] and v[k] across ranks, h[k] here. */
+static mtopt_status_t fact_differs(const mtopt_dist_optimizer_t *d, const char *fn, int k,
+                                   const int64_t *v, const int64_t *h) {
+  return mtopt__error(d->ctx, MTOPT_STATUS_INVALID_ARGUMENT,
+                      "%s: the ranks built different plans: %s is between %lld and %lld "
+                      "across ranks (this rank, %d: %lld)",
+                      fn, h_names[k], (long long)-v[H_N + k], (long long)v[k], d->comm->rank,
+                      (long long)h[k]);
 }
 
 mtopt_status_t mtopt__dist_rank_agreement(mtopt_dist_optimizer_t *d, const char *fn) {
@@ -44,6 +62,7 @@ mtopt_status_t mtopt__dist_rank_agreement(mtopt_dist_optimizer_t *d, const char 
   }
   h[H_NT] = L->nt;
   h[H_ZERO] = d->zero;
+  h[H_REDUCE] = c->cfg.reduce_f32;
   h[H_BUCKET] = (int64_t)c->cfg.bucket_bytes;
   h[H_FIRST] = (int64_t)c->cfg.first_bucket_bytes;
   h[H_KIND] = oc->kind;
@@ -64,6 +83,9 @@ mtopt_status_t mtopt__dist_rank_agreement(mtopt_dist_optimizer_t *d, const char 
   for (int k = 0; k < H_N && diff < 0; k++)
     if (v[k] != -v[H_N + k]) diff = k;
   if (diff < 0) return MTOPT_STATUS_SUCCESS;
+  /* A setting is named as it is: the tensor records may follow from it. */
+  if (diff != H_NT && diff != H_NB && diff != H_GBUF && diff != H_HASH)
+    return fact_differs(d, fn, diff, v, h);
 
   /* Name the first differing tensor among those every rank has. */
   const int64_t nmin = -v[H_N + H_NT];
@@ -115,11 +137,7 @@ mtopt_status_t mtopt__dist_rank_agreement(mtopt_dist_optimizer_t *d, const char 
                        "so allocate parameters alike on every rank"
                      : "");
     } else {
-      st = mtopt__error(c->ctx, MTOPT_STATUS_INVALID_ARGUMENT,
-                        "%s: the ranks built different plans: %s is between %lld and %lld "
-                        "across ranks (this rank, %d: %lld)",
-                        fn, h_names[diff], (long long)-v[H_N + diff], (long long)v[diff],
-                        c->rank, (long long)h[diff]);
+      st = fact_differs(d, fn, diff, v, h);
     }
   }
   free(r);

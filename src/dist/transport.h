@@ -162,6 +162,10 @@ typedef struct mtopt__transport_ops {
   mtopt_status_t (*steps_begin)(mtopt__transport_t *t);
   mtopt_status_t (*steps_end)(mtopt__transport_t *t);
   void *const *(*steps_stream)(const mtopt__transport_t *t);
+  /* The stream the collectives are enqueued on, as ops->run_pass and the
+   * backend's widen take it: work there runs after the transport's work so
+   * far and before its next collective (NULL: host-driven, none). */
+  void *const *(*comm_stream)(const mtopt__transport_t *t);
   /* Waits for everything enqueued, at most the timeout; reports asynchronous
    * failures. */
   mtopt_status_t (*synchronize)(mtopt__transport_t *t);

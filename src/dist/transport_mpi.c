@@ -400,7 +400,7 @@ static mtopt_status_t mpi_nothing(mtopt__transport_t *t) {
   return MTOPT_STATUS_SUCCESS;
 }
 
-static void *const *mpi_steps_stream(const mtopt__transport_t *t) {
+static void *const *mpi_no_stream(const mtopt__transport_t *t) {
   (void)t;
   return NULL; /* the CPU backend ignores the stream */
 }
@@ -429,7 +429,8 @@ static const mtopt__transport_ops_t mpi_ops = {
     .comm_wait_steps = mpi_nothing,
     .steps_begin = mpi_nothing,
     .steps_end = mpi_nothing,
-    .steps_stream = mpi_steps_stream,
+    .steps_stream = mpi_no_stream,
+    .comm_stream = mpi_no_stream,
     .synchronize = mpi_nothing,
 };
 

@@ -182,6 +182,7 @@ static mtopt_status_t nccl_comm_wait_steps(nccl_t *n) {
 }
 
 static void *const *nccl_steps_stream(const nccl_t *n) { return &n->steps_handle; }
+static void *const *nccl_comm_stream(const nccl_t *n) { return &n->stream_handle; }
 
 /* ------------------------------------------------ per-segment events ----- */
 
@@ -371,6 +372,7 @@ static const mtopt__transport_ops_t nccl_ops = {
     .steps_begin = nccl_steps_begin,
     .steps_end = nccl_steps_end,
     .steps_stream = nccl_steps_stream,
+    .comm_stream = nccl_comm_stream,
     .synchronize = mtopt__nccl_synchronize,
 };
 

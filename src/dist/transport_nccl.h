@@ -30,6 +30,7 @@ struct mtopt__transport {
    * reductions (max_i64) go over it. */
   MPI_Comm boot;
   cudaStream_t stream;      /* communication stream */
+  void *stream_handle;      /* the same, as the backend's widen takes it */
   cudaEvent_t compute_done; /* recorded on the context's stream */
   cudaEvent_t comm_done;    /* recorded on the communication stream */
   /* The SM partition, or NULL: then both streams are ordinary ones. */

@@ -96,6 +96,7 @@ static mtopt_status_t make(const mtopt__transport_args_t *a, ncclComm_t existing
              "creating the steps' stream");
   }
   n->steps_handle = (void *)n->steps;
+  n->stream_handle = (void *)n->stream;
   CUDA_TRY(ctx, cudaEventCreateWithFlags(&n->steps_done, cudaEventDisableTiming),
            "creating an event");
   CUDA_TRY(ctx, cudaEventCreateWithFlags(&n->compute_done, cudaEventDisableTiming),

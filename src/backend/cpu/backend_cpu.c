@@ -9,6 +9,7 @@
 #include <omp.h>
 #endif
 
+#include "../../common/dtype.h"
 #include "../../common/step_math.h"
 #include "../backend.h"
 #include "cpu_kernels.h"
@@ -319,6 +320,21 @@ static mtopt_status_t cpu_run_pass(mtopt_context_t *ctx, const mtopt__plan_t *p,
   return MTOPT_STATUS_SUCCESS;
 }
 
+/* Runs on the calling thread below 64 K elements: a parallel region costs
+ * more than it saves there. */
+static mtopt_status_t cpu_widen(mtopt_context_t *ctx, float *dst, const void *src, int dt,
+                                int64_t n, void *const *stream) {
+  (void)stream;
+  const int nt = cpu_threads(ctx);
+  if (cpu_serial(nt) || n < 65536) {
+    for (int64_t i = 0; i < n; i++) dst[i] = mtopt__ld(src, dt, i);
+  } else {
+#pragma omp parallel for schedule(static) num_threads(nt)
+    for (int64_t i = 0; i < n; i++) dst[i] = mtopt__ld(src, dt, i);
+  }
+  return MTOPT_STATUS_SUCCESS;
+}
+
 static mtopt_status_t cpu_finish_stats(mtopt_context_t *ctx, const mtopt__plan_t *p) {
   (void)ctx;
   mtopt__stats_finalize(p->hyper, p->stats_sum[0], (uint64_t)p->stats_sum[1]);
@@ -340,4 +356,5 @@ const mtopt__backend_ops_t mtopt__cpu_ops = {
     .run_pass = cpu_run_pass,
     .synchronize = cpu_sync,
     .finish_stats = cpu_finish_stats,
+    .widen = cpu_widen,
 };

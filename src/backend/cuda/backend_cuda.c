@@ -276,6 +276,18 @@ static mtopt_status_t cuda_finish_stats(mtopt_context_t *ctx, const mtopt__plan_
   return MTOPT_STATUS_SUCCESS;
 }
 
+static mtopt_status_t cuda_widen(mtopt_context_t *ctx, float *dst, const void *src, int dt,
+                                 int64_t n, void *const *stream) {
+  if (n == 0) return MTOPT_STATUS_SUCCESS;
+  mtopt__device_guard_t g;
+  CHECK(mtopt__device_enter(ctx, &g));
+  const cudaStream_t on = stream ? (cudaStream_t)*stream : state_of(ctx)->stream;
+  const cudaError_t e = mtopt__launch_widen(dst, src, dt, n, on);
+  mtopt__device_leave(&g);
+  if (e != cudaSuccess) return mtopt__cuda_fail(ctx, e, "launching the fp32 widening");
+  return MTOPT_STATUS_SUCCESS;
+}
+
 static const mtopt__backend_ops_t cuda_ops = {
     .name = "cuda",
     .mixed_precision = 1,
@@ -291,6 +303,7 @@ static const mtopt__backend_ops_t cuda_ops = {
     .run_pass = cuda_run_pass,
     .synchronize = cuda_synchronize,
     .finish_stats = cuda_finish_stats,
+    .widen = cuda_widen,
 };
 
 const mtopt__backend_ops_t *mtopt__cuda_ops(void) { return &cuda_ops; }

@@ -1,5 +1,6 @@
-/* The launchers of the CUDA kernels (step_kernels.cu), for the CUDA backend
- * glue (backend_cuda.c). Plain C: pointers and sizes only. */
+/* The launchers of the CUDA kernels (step_kernels.cuh, write_kernel.cu,
+ * convert_kernel.cu), for the CUDA backend glue (backend_cuda.c). Plain C:
+ * pointers and sizes only. */
 #ifndef MTOPT_DEVICE_LAUNCH_H
 #define MTOPT_DEVICE_LAUNCH_H
 
@@ -30,6 +31,12 @@ cudaError_t mtopt__launch_finish_stats(mtopt__hyper_t *hyper, const double *stat
  * The bytes travel as kernel arguments, so `src` may be reused (or be a stack
  * variable) as soon as this returns. */
 cudaError_t mtopt__launch_write(void *dst, const void *src, size_t bytes,
+                                cudaStream_t stream);
+
+/* Enqueues dst[i] = src[i] widened exactly to fp32 for i in [0, n): src of
+ * dtype dt (MTOPT__DT_BF16 or _F16), by dtype.h's conversions
+ * (convert_kernel.cu). */
+cudaError_t mtopt__launch_widen(float *dst, const void *src, int dt, int64_t n,
                                 cudaStream_t stream);
 
 #ifdef __cplusplus
