@@ -32,9 +32,11 @@
  * with --zero 1, its weights all-gathered) in 16 bits, half the bytes;
  * --master f32 (default) | remainder | none picks the masters and
  * --state-dtype f32 | bf16 the moments (with --dtype f32: no master, either
- * state dtype). Bucket sizes are in gradient bytes, as mtopt_comm_config_t
- * counts them: a bf16 bucket of a size holds twice the parameters of an f32
- * one.
+ * state dtype); --reduce-f32 sets mtopt_comm_config_t.reduce_f32 (16-bit
+ * buckets widened and reduced in fp32: the comm figure includes the
+ * widening, algbw still counts the gradients' own bytes). Bucket sizes are in
+ * gradient bytes, as mtopt_comm_config_t counts them: a bf16 bucket of a size
+ * holds twice the parameters of an f32 one.
  *
  * Memory. "state_B/p" is the optimizer state and masters the distributed
  * optimizer owns on rank 0 (mtopt_dist_optimizer_get_memory: state_bytes)
@@ -46,7 +48,7 @@
  *   mpirun -np 2 mtopt_dist_bench [--shape gpt2] [--buckets 1,4,25,100]
  *       [--iters 5] [--warmup 1] [--zero 0|1] [--backend cpu|cuda]
  *       [--kind adamw|sgd|lamb] [--dtype f32|bf16] [--master f32|remainder|none]
- *       [--state-dtype f32|bf16] [--threads N] [--comm-sms N] [--csv]
+ *       [--state-dtype f32|bf16] [--reduce-f32] [--threads N] [--comm-sms N] [--csv]
  * --comm-sms sets mtopt_comm_config_t.comm_sm_count (CUDA: 0 automatic, -1 no
  * SM partition, N SMs for the collectives); the header says what was used.
  * On CUDA each rank uses its node-local rank as the device (NCCL: set
@@ -155,7 +157,7 @@ int main(int argc, char **argv) {
   MPI_Comm_size(MPI_COMM_WORLD, &g_world);
   const char *shape_name = "gpt2", *buckets = "1,4,25,100", *backend = "cpu", *kind = "adamw";
   const char *dtype = "f32", *master = NULL, *state = "f32";
-  int iters = 5, warmup = 1, zero = 0, threads = 0, csv = 0, comm_sms = 0;
+  int iters = 5, warmup = 1, zero = 0, threads = 0, csv = 0, comm_sms = 0, reduce_f32 = 0;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
     if (!strcmp(a, "--shape") && v) shape_name = argv[++i];
@@ -170,6 +172,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "--state-dtype") && v) state = argv[++i];
     else if (!strcmp(a, "--threads") && v) threads = atoi(argv[++i]);
     else if (!strcmp(a, "--comm-sms") && v) comm_sms = atoi(argv[++i]);
+    else if (!strcmp(a, "--reduce-f32")) reduce_f32 = 1;
     else if (!strcmp(a, "--csv")) csv = 1;
     else DIE_IF(1, "unknown argument '%s' (see the comment at the top of dist_bench.c)", a);
   }
@@ -239,7 +242,7 @@ int main(int argc, char **argv) {
            shape.name, (long long)shape.n, (long long)shape.total, gbytes / 1e6, dtype, g_world,
            backend, kind, zero, iters, warmup);
     printf("# weights and gradients %s (buckets reduced in %s), master %s, state %s\n", dtype,
-           dtype, master, state);
+           reduce_f32 ? "f32" : dtype, master, state);
     printf("# comm: collectives alone; step: local step alone; epilogue: mtopt_dist_step "
            "(overlapped); e/c = epilogue / comm; saved = (comm + step - epilogue) / "
            "min(comm, step); colls = collectives per step\n");
@@ -265,6 +268,7 @@ int main(int argc, char **argv) {
                                                                    : ((size_t)1 << 20);
     cfg.zero_stage = zero;
     cfg.comm_sm_count = comm_sms;
+    cfg.reduce_f32 = reduce_f32;
     mtopt_comm_t *comm = NULL;
     OK(mtopt_comm_create_mpi(ctx, MPI_COMM_WORLD, &cfg, &comm));
     if (g_rank == 0 && tok == list_copy) { /* the first size: the table's header */

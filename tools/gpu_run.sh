@@ -244,16 +244,21 @@ step ctest_cpu 150 ctest --test-dir "$BUILD" -L cpu --output-on-failure -j"$JOBS
 NGPU=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
 if [ "${NGPU:-0}" -ge 2 ]; then
   MPI2=(mpirun -np 2 --oversubscribe -x NCCL_NVLS_ENABLE=0 -x OMP_NUM_THREADS=1)
-  step multi_dist_test 200 "${MPI2[@]}" "$BUILD/tests/test_dist" --backend cuda
+  # The distributed suites on NCCL at 2 ranks: fp32, mixed precision (bf16/f16,
+  # masters, remainders, ZeRO-1, sharded checkpoints) and reduce_f32.
+  step multi_dist_test 300 bash -c "for t in dist dist_mixed dist_reduce; do \
+    ${MPI2[*]} $BUILD/tests/test_\$t --backend cuda || exit 1; done"
   # The SM partition as configured by default, then none (-1) for reference.
-  step multi_dist_bench 240 bash -c "for a in '--zero 0' '--zero 1' '--zero 0 --comm-sms -1'; do \
+  step multi_dist_bench 300 bash -c "for a in '--zero 0' '--zero 1' '--zero 0 --comm-sms -1' \
+    '--dtype bf16 --zero 0' '--dtype bf16 --zero 1' '--dtype bf16 --zero 0 --reduce-f32'; do \
     ${MPI2[*]} $BUILD/bench/mtopt_dist_bench --backend cuda --shape gpt2-xl --buckets 4,25,100 \
     --iters 10 --warmup 2 \$a || exit 1; done"
   step multi_nccl_ref 120 python3 -m torch.distributed.run --nproc_per_node 2 \
     "$ROOT/bench/nccl_allreduce.py" --sizes-mb 4,25,100
-  step multi_mnist 150 bash -c "for np in 1 2; do echo \"--- mnist_mlp --gpu, \$np GPUs\"; \
-    mpirun -np \$np --oversubscribe -x NCCL_NVLS_ENABLE=0 $MNIST --gpu --dist --data $MNIST_DATA \
-    --csv /dev/null | tail -3 || exit 1; done"
+  step multi_mnist 240 bash -c "for p in fp32 bf16; do for np in 1 2; do \
+    echo \"--- mnist_mlp --gpu --precision \$p, \$np GPUs\"; mpirun -np \$np --oversubscribe \
+    -x NCCL_NVLS_ENABLE=0 $MNIST --gpu --dist --precision \$p --data $MNIST_DATA \
+    --csv /dev/null | tail -3 || exit 1; done; done"
 else
   for s in multi_dist_test multi_dist_bench multi_nccl_ref multi_mnist; do
     want $s && echo "=== [$s] not run: $NGPU GPU(s)"
