@@ -6,10 +6,6 @@
 #include <string.h>
 #include <time.h>
 
-#ifdef MTOPT_HAVE_CUDA
-#include <cuda_runtime_api.h>
-#endif
-
 uint64_t tu_seed(void) {
   static uint64_t seed;
   static int done;
@@ -121,14 +117,6 @@ mtopt_context_t *tu_context(mtopt_backend_t backend) {
   TU_OK(mtopt_context_create(&cc, &ctx));
   return ctx;
 }
-
-#ifdef MTOPT_HAVE_CUDA
-#define TU_CUDA(expr)                                                          \
-  do {                                                                         \
-    cudaError_t tu_e_ = (expr);                                                \
-    ck_assert_msg(tu_e_ == cudaSuccess, "%s: %s", #expr, cudaGetErrorString(tu_e_)); \
-  } while (0)
-#endif
 
 void *tu_alloc(mtopt_backend_t backend, size_t bytes) {
   void *p = NULL;

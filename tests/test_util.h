@@ -96,4 +96,14 @@ int tu_main(Suite *s);
  * run in-process (CUDA suites: CUDA must not be touched before a fork). */
 int tu_run(Suite *s, int nofork);
 
+#ifdef MTOPT_HAVE_CUDA
+#include <cuda_runtime_api.h>
+/* A CUDA runtime call that must succeed (else the test fails with its error). */
+#define TU_CUDA(expr)                                                          \
+  do {                                                                         \
+    cudaError_t tu_e_ = (expr);                                                \
+    ck_assert_msg(tu_e_ == cudaSuccess, "%s: %s", #expr, cudaGetErrorString(tu_e_)); \
+  } while (0)
+#endif
+
 #endif /* MTOPT_TEST_UTIL_H */
