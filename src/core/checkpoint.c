@@ -378,6 +378,27 @@ static size_t prefix_bytes(uint32_t format, int64_t num_tensors) {
 
 /* The file's fields against this optimizer, the file verified: format, shape,
  * dtypes, features, length. Fills ext (format 1: the fp32 defaults). */
+/* Names for the layout's numbers in messages; a file may hold any value. */
+static const char *name_of(uint32_t v, const char *const *names, uint32_t n) {
+  return v < n ? names[v] : "unknown";
+}
+static const char *dtype_name(uint32_t v) {
+  static const char *const n[] = {"F32", "F16", "BF16", "U16"};
+  return name_of(v, n, 4);
+}
+static const char *master_name(uint32_t v) {
+  static const char *const n[] = {"none", "F32", "remainder"};
+  return name_of(v, n, 3);
+}
+static const char *rounding_name(uint32_t v) {
+  static const char *const n[] = {"nearest", "stochastic"};
+  return name_of(v, n, 2);
+}
+static const char *kind_name(uint32_t v) {
+  static const char *const n[] = {"AdamW", "Adam", "SGD", "LAMB"};
+  return name_of(v, n, 4);
+}
+
 static mtopt_status_t check_layout(mtopt_optimizer_t *opt, const char *fn, const char *path,
                                    const unsigned char *data, uint64_t total,
                                    const header_t *hd, ext_t *ext) {
@@ -405,16 +426,17 @@ static mtopt_status_t check_layout(mtopt_optimizer_t *opt, const char *fn, const
   if (ext->state_dtype != mine.state_dtype || ext->master_weights != mine.master_weights ||
       ext->rounding != mine.rounding)
     return mtopt__error(ctx, MTOPT_STATUS_INVALID_ARGUMENT,
-                        "%s: '%s' was saved with state_dtype %u, master_weights %u, rounding "
-                        "%u; this optimizer has %u, %u, %u",
-                        fn, path, ext->state_dtype, ext->master_weights, ext->rounding,
-                        mine.state_dtype, mine.master_weights, mine.rounding);
+                        "%s: '%s' was saved with state_dtype %s, master_weights %s, rounding "
+                        "%s; this optimizer has %s, %s, %s",
+                        fn, path, dtype_name(ext->state_dtype), master_name(ext->master_weights),
+                        rounding_name(ext->rounding), dtype_name(mine.state_dtype),
+                        master_name(mine.master_weights), rounding_name(mine.rounding));
   if (hd->kind != (uint32_t)opt->config.kind || hd->num_tensors != n || hd->num_state != ns)
     return mtopt__error(ctx, MTOPT_STATUS_INVALID_ARGUMENT,
-                        "%s: '%s' was saved by another optimizer (kind %u, %lld tensors, %d "
-                        "state buffers; this one: kind %d, %lld tensors, %d)",
-                        fn, path, hd->kind, (long long)hd->num_tensors, hd->num_state,
-                        (int)opt->config.kind, (long long)n, ns);
+                        "%s: '%s' was saved by another optimizer (%s, %lld tensors, %d "
+                        "state buffers; this one: %s, %lld tensors, %d)",
+                        fn, path, kind_name(hd->kind), (long long)hd->num_tensors, hd->num_state,
+                        kind_name((uint32_t)opt->config.kind), (long long)n, ns);
   if (ext->features != mine.features) {
     char theirs[96], ours[96];
     features_text(ext->features, theirs, sizeof theirs);
@@ -438,11 +460,11 @@ static mtopt_status_t check_layout(mtopt_optimizer_t *opt, const char *fn, const
     p += rs;
     if (rec.numel != t->numel || rec.param_dtype != t->wdt || rec.master != t->mmode)
       return mtopt__error(ctx, MTOPT_STATUS_INVALID_ARGUMENT,
-                          "%s: '%s': tensor %lld has %lld elements of dtype %u with master "
-                          "%u; the optimizer's has %lld of dtype %u with master %u",
-                          fn, path, (long long)i, (long long)rec.numel, rec.param_dtype,
-                          rec.master, (long long)t->numel, (unsigned)t->wdt,
-                          (unsigned)t->mmode);
+                          "%s: '%s': tensor %lld has %lld elements of dtype %s with master "
+                          "%s; the optimizer's has %lld of dtype %s with master %s",
+                          fn, path, (long long)i, (long long)rec.numel,
+                          dtype_name(rec.param_dtype), master_name(rec.master),
+                          (long long)t->numel, dtype_name(t->wdt), master_name(t->mmode));
   }
   if (total != want)
     return mtopt__error(ctx, MTOPT_STATUS_INVALID_ARGUMENT,
