@@ -8,7 +8,8 @@ The floor, the one definition both benchmarks and this script use: a row's
 floor is time(copy of the same bytes, in the same run) / time(row), where the
 copy moves params x B/param / 2 bytes (it reads and writes as much as a step
 of B/param bytes per parameter: a device-to-device cudaMemcpyAsync on CUDA,
-the fastest of mtopt_bench's threaded copies on the CPU), measured for each
+the fastest of mtopt_bench's threaded copies on the CPU; torch_bench.py's
+rows have their own copy, torch's copy_, on the CPU too), measured for each
 B/param a shape's rows need; 1.00 = as fast as the memory moves those bytes.
 Rows carry it as floor_ms; for JSON from before issue 13 the script takes a
 copy (or memcpy) row of the same shape and B/param from the same file.
@@ -58,7 +59,7 @@ COLORS = {
 FLOOR_TEXT = ("the floor: time(copy of the same bytes, params x B/param / 2, in the same "
               "run) / time(step); 1.00 = as fast as the memory moves the step's bytes. "
               "CUDA: cudaMemcpyAsync device to device; CPU: the fastest of mtopt_bench's "
-              "threaded copies")
+              "threaded copies (torch rows: torch's own copy_)")
 
 
 def copy_label(impl, bpp):
@@ -163,7 +164,7 @@ def markdown(table, order, labels, metas, warnings, title):
     out = [f"### {title}\n"] if title else []
     for name, meta in metas:
         bits = [f"{k} {meta[k]}" for k in ("device", "date", "git_commit", "threads",
-                                           "optimizer", "dtype", "torch_version",
+                                           "cpu_capability", "optimizer", "dtype", "torch_version",
                                            "cuda_version", "iters", "repeat")
                 if meta.get(k) not in (None, "")]
         out.append(f"- {name}: " + ", ".join(bits))

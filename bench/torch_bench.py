@@ -38,7 +38,12 @@ step 32) so GB/s is comparable across implementations, not what PyTorch
 actually moves (it moves more). The shapes come from bench/shapes.py, the
 twin of mtopt_bench's shapes.c (--print-shapes prints them without a GPU).
 
+--cpu times PyTorch's CPU AdamW instead (fused, foreach and a copy row, on
+CPU tensors, --threads N threads, host wall clock): bench/torch_cpu.py, which
+says how, puts its rows next to `mtopt_bench --backend cpu --threads N`.
+
 Run: python3 bench/torch_bench.py --json torch_bench.json
+     python3 bench/torch_bench.py --cpu --threads 16 --shapes gpt2,tiny-50k --json t.json
 """
 import argparse
 import datetime
@@ -141,15 +146,15 @@ def count_launches(fn):
 
 # ------------------------------------------------------------------ data --
 
-def rand_nonzero(total, lo, gen):
+def rand_nonzero(total, lo, gen, device=DEVICE):
     """Uniform magnitude in [lo, 1), random sign: never zero. In pieces, so
     the temporaries stay small next to a 1.5 B-element buffer."""
-    out = torch.empty(total, device=DEVICE, dtype=torch.float32)
+    out = torch.empty(total, device=device, dtype=torch.float32)
     piece = 1 << 26
     for a in range(0, total, piece):
         b = min(total, a + piece)
-        mag = torch.rand(b - a, device=DEVICE, generator=gen).mul_(1.0 - lo).add_(lo)
-        sign = torch.rand(b - a, device=DEVICE, generator=gen) < 0.5
+        mag = torch.rand(b - a, device=device, generator=gen).mul_(1.0 - lo).add_(lo)
+        sign = torch.rand(b - a, device=device, generator=gen) < 0.5
         out[a:b] = torch.where(sign, -mag, mag)
     return out
 
@@ -415,8 +420,8 @@ def main():
                     help=",".join(ALL_SHAPES) + ",file:PATH (default all)")
     ap.add_argument("--print-shapes", action="store_true",
                     help="print the shapes (as mtopt_bench --print-shapes) and exit")
-    ap.add_argument("--modes", default=",".join(MODES),
-                    help="default: " + ",".join(MODES) + "; also " + ",".join(MIXED_MODES))
+    ap.add_argument("--modes", help="default: " + ",".join(MODES) + "; also " +
+                    ",".join(MIXED_MODES) + " (--cpu: see torch_cpu.py)")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--loop-iters", type=int, default=3,
@@ -426,6 +431,13 @@ def main():
                          "(skipped above 10000 tensors)")
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--device", type=int, default=0)
+    ap.add_argument("--cpu", action="store_true",
+                    help="PyTorch's CPU AdamW on CPU tensors (bench/torch_cpu.py)")
+    ap.add_argument("--threads", type=int, default=0,
+                    help="--cpu: torch.set_num_threads(N) (default: PyTorch's)")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="--cpu: run the modes R times, interleaved, and take the median "
+                         "over all samples (as mtopt_bench --repeat; default 1)")
     ap.add_argument("--json")
     ap.add_argument("--csv")
     args = ap.parse_args()
@@ -435,6 +447,14 @@ def main():
         for n in names:
             print(shapes.line(n))
         return 0
+    if args.cpu:
+        if torch is None:
+            print("torch_bench: PyTorch is not installed", file=sys.stderr)
+            return 2
+        import torch_cpu  # noqa: E402  (bench/torch_cpu.py)
+        return torch_cpu.main(args, names)
+    if args.modes is None:
+        args.modes = ",".join(MODES)
     if torch is None or not torch.cuda.is_available():
         print("torch_bench: CUDA is not available", file=sys.stderr)
         return 2
@@ -465,24 +485,33 @@ def main():
           f"commit {meta['git_commit'] or 'unknown'}  {meta['date']}")
     print(f"# device {meta['device']}  optimizer adamw  iters {args.iters}  "
           f"warmup {args.warmup}")
-    print(HEADER)
+    gen = torch.Generator(device=DEVICE)
+    rows, failures = run_shapes(names, lambda s: run_shape(args, s, modes, gen), HEADER, "iters")
+    return write_outputs(args, meta, rows, failures)
+
+
+def run_shapes(names, run_one, header, count_col):
+    """The header and the column line, then run_one(shape)'s rows for each
+    shape; returns (rows, shapes that failed)."""
+    print(header)
     print(f"{'shape':<13} {'mode':<12} {'tensors':>8} {'params':>12} {'ms/step':>10} "
           f"{'launches':>9} {'B/param':>7} {'GB/s':>9} {'floor':>6} {'host_us':>9} "
-          f"{'iters':>6}")
+          f"{count_col:>6}")
     sys.stdout.flush()
-
-    rows = []
-    failures = 0
-    gen = torch.Generator(device=DEVICE)
+    rows, failures = [], 0
     for shape in names:
         try:
-            rows += run_shape(args, shape, modes, gen)
+            rows += run_one(shape)
         except (OSError, ValueError) as exc:
             print(f"torch_bench: {exc}", file=sys.stderr)
             failures += 1
+    return rows, failures
+
+
+def write_outputs(args, meta, rows, failures):
+    """The footer, --json and --csv; the exit code (1 if anything failed)."""
     failures += sum(not r["ok"] for r in rows)
     print(f"# {len(rows)} rows, {failures} failed")
-
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"meta": meta, "rows": rows}, f, indent=1)

@@ -32,7 +32,7 @@
 #                               pytest_torch shapes_agree mtopt_bench torch_bench
 #                               mtopt_bench_optimizers mtopt_bench_dtypes
 #                               torch_bench_dtypes compare mnist_gpu
-#                               dist_bench ctest_cpu multi_dist_test
+#                               dist_bench ctest_cpu cpu_vs_torch multi_dist_test
 #                               multi_dist_bench multi_nccl_ref multi_mnist
 #                               ncu_small ncu_large memcheck racecheck)
 #   GPU_RUN_BUILD_DIR=build-gpu the build directory, under the repository
@@ -239,6 +239,21 @@ step dist_bench 180 bash -c "for d in f32 bf16; do for z in 0 1; do mpirun -np 1
   $BUILD/bench/mtopt_dist_bench --backend cuda --shape gpt2-xl --buckets 25,100 --iters 10 \
   --warmup 2 --dtype \$d --zero \$z || exit 1; done; done"
 step ctest_cpu 150 ctest --test-dir "$BUILD" -L cpu --output-on-failure -j"$JOBS"
+
+# ---- the CPU backend against PyTorch's CPU fused AdamW, on this host's CPU ----
+# At 8 and 16 threads: mtopt_bench --backend cpu (the fused step, the copy
+# floor) and torch_bench.py --cpu (AdamW fused and foreach, torch's copy) on
+# GPT-2 124M and tiny-50k, one after the other; JSON and compare.py's table
+# per thread count in logs (cpu_*_t8.json, cpu_vs_torch_t8.md, ...).
+step cpu_vs_torch 240 bash -c "for t in 8 16; do \
+  \"$BUILD/bench/mtopt_bench\" --backend cpu --threads \$t --shapes gpt2,tiny-50k \
+  --modes fused,copy --iters 10 --warmup 2 --repeat 2 --json \"$LOGS/cpu_mtopt_t\$t.json\" \
+  || exit 1; python3 \"$ROOT/bench/torch_bench.py\" --cpu --threads \$t --shapes gpt2,tiny-50k \
+  --modes fused,foreach --iters 10 --warmup 2 --repeat 2 --json \"$LOGS/cpu_torch_t\$t.json\" \
+  || exit 1; python3 \"$ROOT/bench/compare.py\" --mtopt \"$LOGS/cpu_mtopt_t\$t.json\" \
+  --torch \"$LOGS/cpu_torch_t\$t.json\" --md \"$LOGS/cpu_vs_torch_t\$t.md\" \
+  --title \"mtopt vs PyTorch, fp32 AdamW on the CPU, \$t threads\" && \
+  cat \"$LOGS/cpu_vs_torch_t\$t.md\" || exit 1; done"
 
 # ---- several GPUs: data parallel across them (issue: multi-GPU verification) ----
 NGPU=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
