@@ -56,13 +56,18 @@ struct mtopt_dist_optimizer {
   int broken;
 };
 
+/* Element e of the gradient buffer of dtype dt. */
+static inline char *mtopt__dist_grad_at(const mtopt_dist_optimizer_t *d, int dt, int64_t e) {
+  return d->gbuf[dt] + e * mtopt__dt_size(dt);
+}
+
 /* Element e of bucket k's reduction buffer, the one its collective reduces
  * and its step reads (zero_stage 0): the gradient buffer of its dtype, or its
  * fp32 copy where the bucket is reduced in fp32. */
 static inline char *mtopt__dist_reduced_at(const mtopt_dist_optimizer_t *d, int k, int64_t e) {
   const mtopt__bucket_t *b = &d->lay.b[k];
-  char *base = b->rdt != b->gdt ? d->gf32[b->gdt] : d->gbuf[b->gdt];
-  return base + e * mtopt__dt_size(b->rdt);
+  if (b->rdt == b->gdt) return mtopt__dist_grad_at(d, b->gdt, e);
+  return d->gf32[b->gdt] + e * mtopt__dt_size(b->rdt);
 }
 
 /* INVALID_ARGUMENT for a NULL dopt. */

@@ -319,7 +319,7 @@ mtopt_status_t mtopt_dist_optimizer_get_grad(mtopt_dist_optimizer_t *d, int64_t 
   if (!ptr) return mtopt__error(d->ctx, MTOPT_STATUS_INVALID_ARGUMENT, "%s: ptr is NULL", fn);
   CHECK(check_tensor(d, fn, tensor));
   const int dt = d->lay.gdt[tensor];
-  *ptr = d->lay.numel[tensor] ? d->gbuf[dt] + d->lay.goff[tensor] * mtopt__dt_size(dt) : NULL;
+  *ptr = d->lay.numel[tensor] ? mtopt__dist_grad_at(d, dt, d->lay.goff[tensor]) : NULL;
   return MTOPT_STATUS_SUCCESS;
 }
 

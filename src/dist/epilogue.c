@@ -94,11 +94,6 @@ static mtopt_status_t after_reduce(mtopt_dist_optimizer_t *d, int s) {
   return MTOPT_STATUS_SUCCESS;
 }
 
-/* Element `e` of the gradient buffer of dtype dt. */
-static char *grad_at(const mtopt_dist_optimizer_t *d, int dt, int64_t e) {
-  return d->gbuf[dt] + e * mtopt__dt_size(dt);
-}
-
 /* Starts segment s's reduction (ZeRO-1: the segment is its bucket). The
  * transport's work already waits for the gradients (progress); the pass that
  * reads this segment waits for its slot (dist_step). A bucket reduced in
@@ -110,7 +105,7 @@ static mtopt_status_t start_segment(mtopt_dist_optimizer_t *d, int s) {
   const int64_t off = d->zero ? b->offset : g->offset, n = d->zero ? b->numel : g->numel;
   char *red = mtopt__dist_reduced_at(d, g->bucket, off);
   if (b->rdt != b->gdt)
-    CHECK(mtopt__context_widen(d->ctx, (float *)red, grad_at(d, b->gdt, off), b->gdt, n,
+    CHECK(mtopt__context_widen(d->ctx, (float *)red, mtopt__dist_grad_at(d, b->gdt, off), b->gdt, n,
                                d->ops->comm_stream(d->tr)));
   if (d->zero)
     return d->ops->reduce_scatter_avg(d->slots, s, red, d->shard + b->shard_off, b->slice,

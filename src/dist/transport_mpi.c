@@ -154,21 +154,18 @@ mtopt_status_t mtopt__mpi_max_i64(mtopt_context_t *ctx, MPI_Comm comm, int timeo
 /* ------------------------------------------------------------ set-up ----- */
 
 /* The 16-bit sums (MPI_User_function): inout[i] += in[i], in float, rounded
- * to nearest even. */
+ * to nearest even (dtype.h's loads and stores). */
+static void sum16(const void *in, void *inout, int len, int dt) {
+  for (int i = 0; i < len; i++)
+    mtopt__st(inout, dt, i, mtopt__ld(in, dt, i) + mtopt__ld(inout, dt, i), 0, 0u);
+}
 static void sum_bf16(void *in, void *inout, int *len, MPI_Datatype *type) {
   (void)type;
-  const uint16_t *a = in;
-  uint16_t *b = inout;
-  for (int i = 0; i < *len; i++)
-    b[i] = mtopt__f32_to_bf16(mtopt__bf16_to_f32(a[i]) + mtopt__bf16_to_f32(b[i]));
+  sum16(in, inout, *len, MTOPT__DT_BF16);
 }
-
 static void sum_f16(void *in, void *inout, int *len, MPI_Datatype *type) {
   (void)type;
-  const uint16_t *a = in;
-  uint16_t *b = inout;
-  for (int i = 0; i < *len; i++)
-    b[i] = mtopt__f32_to_f16(mtopt__f16_to_f32(a[i]) + mtopt__f16_to_f32(b[i]));
+  sum16(in, inout, *len, MTOPT__DT_F16);
 }
 
 static void free_ops(mtopt__transport_t *t) {
