@@ -392,9 +392,16 @@ START_TEST(test_checkpoint_bad) {
   if (zero && g_rank == victim) EXPECT(&rec, rename(away, f) == 0, "rename %s", away);
   MPI_Barrier(MPI_COMM_WORLD);
 
-  /* NULL: refused on every rank before any collective. */
+  /* A NULL path, on every rank or on one: refused on every rank (the
+   * agreement carries one rank's failure to all), nothing written. */
   EXPECT_ST(&rec, mtopt_dist_optimizer_save(r.d, NULL), MTOPT_STATUS_INVALID_ARGUMENT);
   EXPECT_ST(&rec, mtopt_dist_optimizer_load(r.d, NULL), MTOPT_STATUS_INVALID_ARGUMENT);
+  EXPECT_ST(&rec, mtopt_dist_optimizer_save(r.d, g_rank == victim ? NULL : s2),
+            MTOPT_STATUS_INVALID_ARGUMENT);
+  EXPECT_ST(&rec, mtopt_dist_optimizer_load(r.d, g_rank == victim ? NULL : pb),
+            MTOPT_STATUS_INVALID_ARGUMENT);
+  expect_weights(&r.t, r.d, &w5, 1, 5, "after a load with one NULL path", &rec);
+  /* A NULL optimizer: refused here, before any collective. */
   EXPECT_ST(&rec, mtopt_dist_optimizer_save(NULL, pb), MTOPT_STATUS_INVALID_ARGUMENT);
   EXPECT_ST(&rec, mtopt_dist_optimizer_load(NULL, pb), MTOPT_STATUS_INVALID_ARGUMENT);
   /* Nothing of the state moved either: a save now is the save before. */

@@ -15,9 +15,11 @@
 #include "dist_internal.h"
 
 /* The file of this rank: the path itself (zero_stage 0), or the path with
- * ".rank<r>-of-<world>" (zero_stage 1). */
+ * ".rank<r>-of-<world>" (zero_stage 1); INVALID_ARGUMENT for a NULL path. */
 static mtopt_status_t rank_path(const mtopt_dist_optimizer_t *d, const char *fn, const char *path,
                                 char **out) {
+  *out = NULL;
+  if (!path) return mtopt__error(d->ctx, MTOPT_STATUS_INVALID_ARGUMENT, "%s: path is NULL", fn);
   const size_t n = strlen(path) + 40;
   *out = malloc(n);
   if (!*out) return mtopt__error(d->ctx, MTOPT_STATUS_OUT_OF_MEMORY, "%s: malloc failed", fn);
@@ -61,9 +63,11 @@ static mtopt_status_t agree(void *arg, mtopt_status_t local, int64_t step) {
   return MTOPT_STATUS_SUCCESS;
 }
 
-static mtopt_status_t check_call(mtopt_dist_optimizer_t *d, const char *fn, const char *path) {
+/* What only this rank can know and no collective can report: a NULL or
+ * broken optimizer. (A NULL path goes through the agreement, like any other
+ * failure of one rank.) */
+static mtopt_status_t check_call(mtopt_dist_optimizer_t *d, const char *fn) {
   CHECK(mtopt__dist_check(d, fn));
-  if (!path) return mtopt__error(d->ctx, MTOPT_STATUS_INVALID_ARGUMENT, "%s: path is NULL", fn);
   if (d->broken)
     return mtopt__error(d->ctx, MTOPT_STATUS_COMM_ERROR,
                         "%s: an earlier collective failed; this distributed optimizer is "
@@ -74,7 +78,7 @@ static mtopt_status_t check_call(mtopt_dist_optimizer_t *d, const char *fn, cons
 
 mtopt_status_t mtopt_dist_optimizer_save(mtopt_dist_optimizer_t *d, const char *path) {
   static const char fn[] = "mtopt_dist_optimizer_save";
-  CHECK(check_call(d, fn, path));
+  CHECK(check_call(d, fn));
   char *file = NULL;
   mtopt_status_t st = rank_path(d, fn, path, &file);
   if (st == MTOPT_STATUS_SUCCESS && (d->zero || d->comm->rank == 0))
@@ -88,7 +92,7 @@ mtopt_status_t mtopt_dist_optimizer_save(mtopt_dist_optimizer_t *d, const char *
 
 mtopt_status_t mtopt_dist_optimizer_load(mtopt_dist_optimizer_t *d, const char *path) {
   static const char fn[] = "mtopt_dist_optimizer_load";
-  CHECK(check_call(d, fn, path));
+  CHECK(check_call(d, fn));
   char *file = NULL;
   mtopt_status_t st = rank_path(d, fn, path, &file);
   agree_t a = {d, fn, "nothing was loaded on this rank"};
