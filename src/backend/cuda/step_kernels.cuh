@@ -536,18 +536,18 @@ __global__ void __launch_bounds__(kBlock) warp_kernel(mtopt__plan_t p, int64_t c
  * thread with no loads in flight across groups, lost 2-10% when sliced, the
  * per-block set-up weighing more than the locality gained (perf_notes, v7). */
 template <int PASS, int KIND>
-int slices_of(const mtopt__plan_t &p, int64_t n) {
+int slices_of(const mtopt__plan_t &p) {
   if (PASS != MTOPT__PASS_UPDATE || KIND == MTOPT__KIND_LAMB || !p.all_f32) return 1;
   const int64_t len = p.mean_chunk_len < p.chunk_size ? p.mean_chunk_len : p.chunk_size;
   const int64_t s = (len + kSliceLen - 1) / kSliceLen;
-  return s > 1 && n * s <= INT32_MAX ? (int)s : 1;
+  return s > 1 && p.num_chunks * s <= INT32_MAX ? (int)s : 1;
 }
 
 template <int PASS, int KIND, int FL>
 void launch(const mtopt__plan_t &p, int sm_count, int64_t c0, int64_t c1, cudaStream_t stream) {
   const int64_t n = c1 - c0;
   if (p.mean_chunk_len >= kWarpTeamBelow) {
-    const int slices = slices_of<PASS, KIND>(p, p.num_chunks);
+    const int slices = slices_of<PASS, KIND>(p);
     block_kernel<PASS, KIND, FL><<<(unsigned)(n * slices), kBlock, 0, stream>>>(p, c0, slices);
     return;
   }
