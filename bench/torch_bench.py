@@ -441,6 +441,8 @@ def main():
     ap.add_argument("--json")
     ap.add_argument("--csv")
     args = ap.parse_args()
+    if args.threads < 0:
+        ap.error("--threads must be >= 0 (0: PyTorch's default)")
 
     names = split_shapes(args.shapes) or ALL_SHAPES
     if args.print_shapes:

@@ -35,6 +35,23 @@ run() { # run NAME NP ARGS...: mpiexec -n NP mnist_mlp ARGS, output in $work/NAM
 }
 accuracy() { accuracy_of "$work/$1.txt"; }
 epochs_of() { awk 'NF == 8 && $1 ~ /^[0-9]+$/ { print $1, $2, $3, $4 } /^test accuracy/' "$work/$1.txt"; }
+# resume_matches TAG FILE WHAT ARGS...: at 2 ranks, 3 epochs in one go
+# (TAGstraight), 2 epochs saved to FILE (TAGfirst) and resumed for a 3rd
+# (TAGresumed) must print the same epoch 3.
+resume_matches() {
+  local tag=$1 file=$2 what=$3
+  shift 3
+  run "${tag}straight" 2 "$@" --epochs 3 || { cat "$work/${tag}straight.txt"; fail "$what: 3-epoch run failed"; }
+  run "${tag}first" 2 "$@" --epochs 2 --save "$file" ||
+    { cat "$work/${tag}first.txt"; fail "$what: --save failed"; }
+  run "${tag}resumed" 2 "$@" --epochs 3 --resume "$file" ||
+    { cat "$work/${tag}resumed.txt"; fail "$what: --resume failed"; }
+  local e1 e2
+  e1=$(epochs_of "${tag}straight" | grep -v '^[12] ') e2=$(epochs_of "${tag}resumed" | grep -v '^[12] ')
+  echo "$what straight: $e1"
+  echo "$what resumed:  $e2"
+  [ -n "$e1" ] && [ "$e1" = "$e2" ] || fail "$what: resuming at 2 ranks did not reproduce epoch 3"
+}
 # Largest relative difference between the loss curves of two CSV files, and
 # its step ("no-number at step N" when a value is missing or not a number).
 curve_diff() {
@@ -173,14 +190,7 @@ awk -v a="$acct" 'BEGIN { exit !(a > 50.0) }' || { cat "$work/tiny.txt"; fail "3
 # 7. Checkpoints at 2 ranks (rank 0 saves, every rank loads): 2 epochs, save,
 # resume for a 3rd must match 3 epochs in one go.
 ck=(--cpu --threads 1 --data "$data" --train-limit 2000 --schedule constant --seed 3)
-run straight 2 "${ck[@]}" --epochs 3 || fail "3-epoch 2-rank run failed"
-run first 2 "${ck[@]}" --epochs 2 --save "$work/ck.mtopt" || fail "2-rank run with --save failed"
-run resumed 2 "${ck[@]}" --epochs 3 --resume "$work/ck.mtopt" ||
-  { cat "$work/resumed.txt"; fail "2-rank --resume run failed"; }
-e1=$(epochs_of straight | grep -v '^[12] ') e2=$(epochs_of resumed | grep -v '^[12] ')
-echo "straight: $e1"
-echo "resumed:  $e2"
-[ -n "$e1" ] && [ "$e1" = "$e2" ] || fail "resuming at 2 ranks did not reproduce epoch 3"
+resume_matches "" "$work/ck.mtopt" "fp32" "${ck[@]}"
 
 # 8. bf16 weights and gradients (the buckets are bf16, reduced in bf16).
 # 8a. One rank through mtopt_dist, both stages: the average over one rank is
@@ -252,17 +262,9 @@ s1=$(epochs_of sr2) s2=$(epochs_of srz2)
 # (weights, remainders, moments of its slices; FILE.rank<r>-of-2), and 2
 # epochs saved and resumed for a 3rd match 3 epochs in one go, as in 7.
 ckb=("${ck[@]}" --precision bf16 --master remainder --zero 1)
-run bstraight 2 "${ckb[@]}" --epochs 3 || { cat "$work/bstraight.txt"; fail "bf16 ZeRO-1 3-epoch run failed"; }
-run bfirst 2 "${ckb[@]}" --epochs 2 --save "$work/ckb.mtopt" ||
-  { cat "$work/bfirst.txt"; fail "bf16 ZeRO-1 --save failed"; }
+resume_matches b "$work/ckb.mtopt" "bf16 ZeRO-1" "${ckb[@]}"
 [ -f "$work/ckb.mtopt.rank0-of-2" ] && [ -f "$work/ckb.mtopt.rank1-of-2" ] ||
   fail "bf16 ZeRO-1 --save did not write ckb.mtopt.rank0-of-2 and .rank1-of-2"
-run bresumed 2 "${ckb[@]}" --epochs 3 --resume "$work/ckb.mtopt" ||
-  { cat "$work/bresumed.txt"; fail "bf16 ZeRO-1 --resume failed"; }
-e1=$(epochs_of bstraight | grep -v '^[12] ') e2=$(epochs_of bresumed | grep -v '^[12] ')
-echo "bf16 ZeRO-1 straight: $e1"
-echo "bf16 ZeRO-1 resumed:  $e2"
-[ -n "$e1" ] && [ "$e1" = "$e2" ] || fail "resuming bf16 ZeRO-1 at 2 ranks did not reproduce epoch 3"
 # The shards are for 2 ranks: 3 ranks refuse them, once, with the file named.
 run bwrong 3 "${ckb[@]}" --epochs 3 --resume "$work/ckb.mtopt" && fail "3 ranks resumed 2-rank shards"
 [ "$(grep -c "^error: --resume" "$work/bwrong.txt")" -eq 1 ] && grep -q "rank0-of-3" "$work/bwrong.txt" ||
