@@ -63,7 +63,8 @@ START_TEST(test_huge_tensor) {
   TU_OK(mtopt_optimizer_create(ctx, l, &c, &o));
   mtopt_optimizer_info_t oi = MTOPT_OPTIMIZER_INFO_INIT;
   TU_OK(mtopt_optimizer_get_info(o, &oi));
-  ck_assert_int_eq(oi.num_chunks, (n + c.chunk_size - 1) / c.chunk_size);
+  ck_assert_int_eq(oi.chunk_size, 65536); /* chunk_size 0: one large tensor */
+  ck_assert_int_eq(oi.num_chunks, (n + oi.chunk_size - 1) / oi.chunk_size);
   ck_assert_int_eq(oi.launches_per_step, 2);
   TU_OK(mtopt_optimizer_step(o));
   TU_OK(mtopt_context_synchronize(ctx));

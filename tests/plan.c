@@ -207,6 +207,70 @@ START_TEST(test_info_counts) {
 }
 END_TEST
 
+/* chunk_size 0: the library picks 65536, or 4096 where the tensors average
+ * under 4096 elements (get_info reports it), and the elementwise step gives
+ * the same bits as with an explicit chunk size. */
+static int64_t auto_chunk_of(mtopt_context_t *ctx, const int64_t *numel, int64_t n,
+                             float **w, float **g, int64_t explicit_cs) {
+  mtopt_tensor_list_t *list = NULL;
+  TU_OK(mtopt_tensor_list_create(ctx, &list));
+  for (int64_t i = 0; i < n; i++)
+    TU_OK(mtopt_tensor_list_add_f32(list, w ? w[i] : g[i], w ? g[i] : NULL, numel[i], 0, NULL));
+  mtopt_optimizer_config_t c = MTOPT_OPTIMIZER_CONFIG_INIT;
+  ck_assert_int_eq(c.chunk_size, 0); /* the default */
+  c.chunk_size = explicit_cs;
+  mtopt_optimizer_t *opt = NULL;
+  TU_OK(mtopt_optimizer_create(ctx, list, &c, &opt));
+  mtopt_optimizer_info_t info = MTOPT_OPTIMIZER_INFO_INIT;
+  TU_OK(mtopt_optimizer_get_info(opt, &info));
+  if (w)
+    for (int k = 0; k < 3; k++) TU_OK(mtopt_optimizer_step(opt));
+  TU_OK(mtopt_optimizer_destroy(opt));
+  TU_OK(mtopt_tensor_list_destroy(list));
+  return info.chunk_size;
+}
+
+START_TEST(test_auto_chunk_size) {
+  tu_rng_t rng;
+  tu_rng_init(&rng, tu_seed() + 77);
+  mtopt_context_t *ctx = tu_cpu_context();
+  enum { N = 400 };
+  int64_t numel[N];
+  float *w[2][N], *g[N];
+  /* Mostly tiny tensors and two large ones: a mean under 4096. */
+  int64_t total = 0;
+  for (int64_t i = 0; i < N; i++) {
+    numel[i] = i == 7 || i == 300 ? tu_int(&rng, 60000, 70000) : tu_int(&rng, 1, 200);
+    total += numel[i];
+    g[i] = malloc((size_t)numel[i] * sizeof(float));
+    tu_fill(&rng, g[i], numel[i], -1.0f, 1.0f);
+    for (int k = 0; k < 2; k++) w[k][i] = malloc((size_t)numel[i] * sizeof(float));
+    tu_fill(&rng, w[0][i], numel[i], -2.0f, 2.0f);
+    memcpy(w[1][i], w[0][i], (size_t)numel[i] * sizeof(float));
+  }
+  ck_assert_int_lt(total / N, 4096);
+  ck_assert_int_eq(auto_chunk_of(ctx, numel, N, w[0], g, 0), 4096);
+  ck_assert_int_eq(auto_chunk_of(ctx, numel, N, w[1], g, 65536), 65536);
+  for (int64_t i = 0; i < N; i++)
+    ck_assert_int_eq(memcmp(w[0][i], w[1][i], (size_t)numel[i] * sizeof(float)), 0);
+  /* The boundary: a mean of exactly 4096 keeps 65536, one element less picks
+   * 4096; a list with no elements, 65536. */
+  int64_t edge[3] = {4096, 4095, 8193};
+  float *buf = malloc(16384 * sizeof(float));
+  float *bufs[2] = {buf, buf + 4096};
+  ck_assert_int_eq(auto_chunk_of(ctx, edge, 1, NULL, bufs, 0), 65536);
+  ck_assert_int_eq(auto_chunk_of(ctx, edge + 1, 1, NULL, bufs, 0), 4096);
+  ck_assert_int_eq(auto_chunk_of(ctx, edge + 1, 2, NULL, bufs, 0), 65536);
+  free(buf);
+  ck_assert_int_eq(mtopt__auto_chunk_size(edge, 0), 65536);
+  for (int64_t i = 0; i < N; i++) {
+    free(g[i]);
+    for (int k = 0; k < 2; k++) free(w[k][i]);
+  }
+  TU_OK(mtopt_context_destroy(ctx));
+}
+END_TEST
+
 /* docs/optimizers.md's table of bytes per parameter and launches per step is
  * the users' copy of what get_info counts: read the table and check every row
  * against optimizers of each configuration, with and without statistics. */
@@ -340,6 +404,7 @@ Suite *plan_suite(void) {
   tcase_add_test(tc, test_overflow_and_bad_args);
   tcase_add_test(tc, test_aligned_offset);
   tcase_add_loop_test(tc, test_info_counts, 0, 8);
+  tcase_add_test(tc, test_auto_chunk_size);
   tcase_add_test(tc, test_docs_traffic_table);
   suite_add_tcase(s, tc);
   return s;

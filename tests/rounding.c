@@ -309,6 +309,77 @@ START_TEST(test_cpu_equals_cuda) {
 }
 END_TEST
 
+/* The CUDA vector path rounds its bf16 stores with the hardware's conversion
+ * (mixed_vec.cuh: pack_bf16x8), and its bits must be dtype.h's for every
+ * class of fp32 value. A step with lr 0 keeps the fp32 masters and writes
+ * each parameter as its master rounded to nearest: from random fp32 patterns
+ * of every exponent, subnormals, exact ties and their neighbours, values next
+ * to the largest bf16 and zeros of both signs, the parameters (poisoned
+ * before the step) must be mtopt__f32_to_bf16 of the masters. On the CPU
+ * backend it checks the element path the same way. */
+START_TEST(test_bf16_store_bits) {
+  const mtopt_backend_t be = tu_backend();
+  tu_rng_t rng;
+  tu_rng_init(&rng, tu_seed() + 313);
+  const int64_t n = (INT64_C(1) << 18) + 13;
+  float *master = malloc((size_t)n * 4), *grad = malloc((size_t)n * 4);
+  uint16_t *want = malloc((size_t)n * 2), *got = malloc((size_t)n * 2);
+  for (int64_t i = 0; i < n; i++) {
+    const uint32_t r = (uint32_t)tu_next(&rng), sign = r & 0x80000000u;
+    uint32_t b = (uint32_t)tu_next(&rng);
+    switch (i % 6) {
+      case 0: break; /* any pattern */
+      case 1: b = sign | (b & 0x007fffffu); break; /* subnormal */
+      case 2: b = (b & 0xffff0000u) | 0x8000u; break; /* a tie */
+      case 3: b = (b & 0xffff0000u) | ((r & 1u) ? 0x7fffu : 0x8001u); break; /* beside one */
+      case 4: b = sign | 0x7f7f0000u | (b & 0x7fffu); break; /* up to the largest bf16 */
+      default: b = sign; break; /* +-0 */
+    }
+    if ((b & 0x7f800000u) == 0x7f800000u) b &= 0xbfffffffu; /* finite */
+    if ((b & 0x7fffffffu) >= 0x7f7f8000u) b = sign | 0x7f7f7fffu; /* bf16 holds it */
+    master[i] = mtopt__bits_f32(b);
+    want[i] = mtopt__f32_to_bf16(master[i]);
+    grad[i] = (float)tu_uniform(&rng, 0.5, 1.0); /* > 0: the update is -0, p + -0 == p */
+  }
+  uint16_t *w = tu_alloc(be, (size_t)n * 2);
+  float *g = tu_alloc(be, (size_t)n * 4);
+  tu_to_backend(be, g, grad, (size_t)n * 4);
+  mtopt_context_t *ctx = tu_context(be);
+  mtopt_tensor_list_t *l = NULL;
+  TU_OK(mtopt_tensor_list_create(ctx, &l));
+  mtopt_tensor_desc_t d = MTOPT_TENSOR_DESC_INIT;
+  d.param = w;
+  d.grad = g;
+  d.numel = n;
+  d.param_dtype = MTOPT_DTYPE_BF16;
+  TU_OK(mtopt_tensor_list_add(l, &d, NULL));
+  mtopt_optimizer_config_t c = MTOPT_OPTIMIZER_CONFIG_INIT;
+  c.lr = 0.0f;
+  c.weight_decay = 0.0f;
+  c.master_weights = MTOPT_MASTER_F32;
+  mtopt_optimizer_t *o = NULL;
+  TU_OK(mtopt_optimizer_create(ctx, l, &c, &o));
+  TU_OK(mtopt_optimizer_write_state(o, 0, MTOPT_STATE_MASTER, master));
+  for (int64_t i = 0; i < n; i++) got[i] = 0xA5A5u; /* poison */
+  tu_to_backend(be, w, got, (size_t)n * 2);
+  TU_OK(mtopt_optimizer_step(o));
+  TU_OK(mtopt_context_synchronize(ctx));
+  tu_to_host(be, got, w, (size_t)n * 2);
+  for (int64_t i = 0; i < n; i++)
+    ck_assert_msg(got[i] == want[i], "element %lld: master 0x%08x rounds to 0x%04x, step wrote 0x%04x",
+                  (long long)i, (unsigned)mtopt__f32_bits(master[i]), want[i], got[i]);
+  TU_OK(mtopt_optimizer_destroy(o));
+  TU_OK(mtopt_tensor_list_destroy(l));
+  TU_OK(mtopt_context_destroy(ctx));
+  tu_free(be, w);
+  tu_free(be, g);
+  free(master);
+  free(grad);
+  free(want);
+  free(got);
+}
+END_TEST
+
 Suite *rounding_suite(void) {
   Suite *s = suite_create("rounding");
   TCase *tc = tcase_create("rounding");
@@ -318,6 +389,7 @@ Suite *rounding_suite(void) {
   tcase_add_loop_test(tc, test_no_master_one_step, 0, 8);
   tcase_add_test(tc, test_checkpoint_resume);
   tcase_add_loop_test(tc, test_cpu_equals_cuda, 0, 8);
+  tcase_add_test(tc, test_bf16_store_bits);
   suite_add_tcase(s, tc);
   return s;
 }

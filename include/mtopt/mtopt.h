@@ -288,7 +288,11 @@ typedef struct {
   /* Check gradients for inf/NaN and skip the step if any. Implied by loss
    * scaling; with clipping, a non-finite norm always skips the step. */
   int skip_nonfinite;
-  int64_t chunk_size; /* elements per chunk, multiple of 4 in [4, 2^30] */
+  /* Elements per chunk, the unit of work: a multiple of 4 in [4, 2^30], or 0
+   * (the default) for the library's choice, mtopt_optimizer_get_info reports
+   * which: 65536, or 4096 where the tensors average under 4096 elements
+   * (many small tensors: docs/optimizers.md). */
+  int64_t chunk_size;
   /* Mixed precision (fields since 0.2; a smaller struct_size gets the
    * defaults). */
   mtopt_master_t master_weights; /* for F16/BF16 parameters */
@@ -301,7 +305,7 @@ typedef struct {
 #define MTOPT_OPTIMIZER_CONFIG_INIT                                            \
   {sizeof(mtopt_optimizer_config_t), MTOPT_VERSION_CODE, MTOPT_OPTIMIZER_ADAMW, \
    1e-3f, 0.9f, 0.999f, 1e-8f, 1e-2f, 0.0f, 0.0f, 0, 1, 0, 0.0f, 1.0f, 0,     \
-   2.0f, 0.5f, 2000, 0, 65536, MTOPT_MASTER_NONE, MTOPT_DTYPE_F32,             \
+   2.0f, 0.5f, 2000, 0, 0, MTOPT_MASTER_NONE, MTOPT_DTYPE_F32,             \
    MTOPT_ROUNDING_NEAREST, 0u}
 
 /* Builds the optimizer: validates the config and every tensor (overlaps

@@ -139,7 +139,7 @@ OPTIMIZER_CONFIG_DEFAULTS = {
     "backoff_factor": 0.5,
     "growth_interval": 2000,
     "skip_nonfinite": 0,
-    "chunk_size": 65536,
+    "chunk_size": 0,
     "master_weights": MASTERS["none"],
     "state_dtype": DTYPES["f32"],
     "rounding": ROUNDINGS["nearest"],

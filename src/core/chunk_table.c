@@ -31,3 +31,14 @@ int64_t mtopt__chunk_table(const int64_t *numel, int64_t n, const int64_t *order
   }
   return total;
 }
+
+/* A warp takes a chunk at a time on CUDA where chunks average under 4096
+ * elements (many small tensors); there a 65536-element chunk of one of the
+ * few large tensors kept one warp busy long after the others had finished:
+ * 50,000 tensors of mostly under 4096 elements ran at 0.63 of a copy with
+ * 65536-element chunks, 0.81 with 4096 (docs/perf_notes.md, v8). */
+int64_t mtopt__auto_chunk_size(const int64_t *numel, int64_t n) {
+  int64_t total = 0;
+  for (int64_t i = 0; i < n; i++) total += numel[i] < INT64_MAX - total ? numel[i] : 0;
+  return n > 0 && total / n < 4096 ? 4096 : 65536;
+}

@@ -87,6 +87,10 @@ MTOPT__HIDDEN int64_t mtopt__chunk_table(const int64_t *numel, int64_t n,
                                          int64_t *first_chunk, int64_t *num_chunks,
                                          mtopt__chunk_rec_t *chunks);
 
+/* The chunk size of chunk_size 0 for tensors of numel[0..n-1] elements:
+ * 65536, or 4096 where they average under 4096 elements (core/chunk_table.c). */
+MTOPT__HIDDEN int64_t mtopt__auto_chunk_size(const int64_t *numel, int64_t n);
+
 /* The range checks of every scalar (core/hyperparams.c), shared by create,
  * the setters and load. */
 MTOPT__HIDDEN mtopt_status_t mtopt__check_hyperparam(mtopt_context_t *ctx, const char *fn,

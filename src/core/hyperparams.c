@@ -137,9 +137,12 @@ mtopt_status_t mtopt__check_config(mtopt_context_t *ctx, const char *fn,
   if ((unsigned)c->rounding > MTOPT_ROUNDING_STOCHASTIC)
     return mtopt__error(ctx, MTOPT_STATUS_INVALID_ARGUMENT,
                         "%s: unknown rounding %d (NEAREST, STOCHASTIC)", fn, (int)c->rounding);
-  if (c->chunk_size < 4 || c->chunk_size > (INT64_C(1) << 30) || c->chunk_size % 4 != 0)
+  if (c->chunk_size != 0 &&
+      (c->chunk_size < 4 || c->chunk_size > (INT64_C(1) << 30) || c->chunk_size % 4 != 0))
     return mtopt__error(ctx, MTOPT_STATUS_INVALID_ARGUMENT,
-                        "%s: chunk_size %lld must be a multiple of 4 in [4, 2^30]", fn,
+                        "%s: chunk_size %lld must be 0 (the library's choice) or a multiple "
+                        "of 4 in [4, 2^30]",
+                        fn,
                         (long long)c->chunk_size);
   return MTOPT_STATUS_SUCCESS;
 }

@@ -226,6 +226,7 @@ mtopt_status_t mtopt__optimizer_create(mtopt_context_t *ctx, mtopt_tensor_list_t
   const mtopt_optimizer_config_t *c = &opt->config;
 
   for (int64_t i = 0; i < n; i++) numel[i] = list->items[i].desc.numel;
+  if (opt->config.chunk_size == 0) opt->config.chunk_size = mtopt__auto_chunk_size(numel, n);
   const int64_t nchunks = mtopt__chunk_table(numel, n, options->order, c->chunk_size, first, nch, NULL);
   if (nchunks < 0 || nchunks > INT32_MAX) {
     st = mtopt__error(ctx, MTOPT_STATUS_INVALID_ARGUMENT,
