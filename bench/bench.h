@@ -92,6 +92,7 @@ typedef struct {
   char shape[256];
   const char *mode;
   int64_t tensors, params, launches;
+  int64_t chunk_size; /* the optimizer's, from get_info (0: a copy row) */
   int bpp, iters, k;
   double ms, host_us, gbps;
   double floor_ms; /* the copy row of the same bpp, shape and run (NAN if none) */

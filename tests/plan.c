@@ -254,7 +254,8 @@ START_TEST(test_auto_chunk_size) {
   for (int64_t i = 0; i < N; i++)
     ck_assert_int_eq(memcmp(w[0][i], w[1][i], (size_t)numel[i] * sizeof(float)), 0);
   /* The boundary: a mean of exactly 4096 keeps 65536, one element less picks
-   * 4096; a list with no elements, 65536. */
+   * 4096; the mean, not the smallest tensor, decides (4095 and 8193: 65536);
+   * an empty list, 65536. */
   int64_t edge[3] = {4096, 4095, 8193};
   float *buf = malloc(16384 * sizeof(float));
   float *bufs[2] = {buf, buf + 4096};

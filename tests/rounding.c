@@ -312,11 +312,14 @@ END_TEST
 /* The CUDA vector path rounds its bf16 stores with the hardware's conversion
  * (mixed_vec.cuh: pack_bf16x8), and its bits must be dtype.h's for every
  * class of fp32 value. A step with lr 0 keeps the fp32 masters and writes
- * each parameter as its master rounded to nearest: from random fp32 patterns
- * of every exponent, subnormals, exact ties and their neighbours, values next
- * to the largest bf16 and zeros of both signs, the parameters (poisoned
- * before the step) must be mtopt__f32_to_bf16 of the masters. On the CPU
- * backend it checks the element path the same way. */
+ * each parameter as its master rounded to nearest. The masters, written raw
+ * into their buffer: random fp32 patterns of every exponent (a NaN in about
+ * one group of 8 in 40), subnormals, exact ties and their neighbours, values
+ * on both sides of the largest bf16 (from 0x7f7f8000 they round to inf),
+ * infinities and zeros of both signs. The parameters, poisoned before the
+ * step, must be mtopt__f32_to_bf16 of the masters as the step left them (a
+ * NaN may come back quieted). On the CPU backend it checks the element path
+ * the same way. */
 START_TEST(test_bf16_store_bits) {
   const mtopt_backend_t be = tu_backend();
   tu_rng_t rng;
@@ -327,18 +330,16 @@ START_TEST(test_bf16_store_bits) {
   for (int64_t i = 0; i < n; i++) {
     const uint32_t r = (uint32_t)tu_next(&rng), sign = r & 0x80000000u;
     uint32_t b = (uint32_t)tu_next(&rng);
-    switch (i % 6) {
-      case 0: break; /* any pattern */
+    switch (i % 7) {
+      case 0: break; /* any pattern, inf and NaN included */
       case 1: b = sign | (b & 0x007fffffu); break; /* subnormal */
       case 2: b = (b & 0xffff0000u) | 0x8000u; break; /* a tie */
       case 3: b = (b & 0xffff0000u) | ((r & 1u) ? 0x7fffu : 0x8001u); break; /* beside one */
-      case 4: b = sign | 0x7f7f0000u | (b & 0x7fffu); break; /* up to the largest bf16 */
+      case 4: b = sign | 0x7f7f0000u | (b & 0xffffu); break; /* around the largest bf16 */
+      case 5: b = sign | 0x7f800000u; break; /* +-inf */
       default: b = sign; break; /* +-0 */
     }
-    if ((b & 0x7f800000u) == 0x7f800000u) b &= 0xbfffffffu; /* finite */
-    if ((b & 0x7fffffffu) >= 0x7f7f8000u) b = sign | 0x7f7f7fffu; /* bf16 holds it */
     master[i] = mtopt__bits_f32(b);
-    want[i] = mtopt__f32_to_bf16(master[i]);
     grad[i] = (float)tu_uniform(&rng, 0.5, 1.0); /* > 0: the update is -0, p + -0 == p */
   }
   uint16_t *w = tu_alloc(be, (size_t)n * 2);
@@ -359,12 +360,23 @@ START_TEST(test_bf16_store_bits) {
   c.master_weights = MTOPT_MASTER_F32;
   mtopt_optimizer_t *o = NULL;
   TU_OK(mtopt_optimizer_create(ctx, l, &c, &o));
-  TU_OK(mtopt_optimizer_write_state(o, 0, MTOPT_STATE_MASTER, master));
+  void *mw = NULL;
+  TU_OK(mtopt_optimizer_get_state(o, 0, MTOPT_STATE_MASTER, &mw));
+  tu_to_backend(be, mw, master, (size_t)n * 4);
   for (int64_t i = 0; i < n; i++) got[i] = 0xA5A5u; /* poison */
   tu_to_backend(be, w, got, (size_t)n * 2);
   TU_OK(mtopt_optimizer_step(o));
   TU_OK(mtopt_context_synchronize(ctx));
   tu_to_host(be, got, w, (size_t)n * 2);
+  tu_to_host(be, master, mw, (size_t)n * 4);
+  int64_t nan = 0, inf = 0;
+  for (int64_t i = 0; i < n; i++) {
+    want[i] = mtopt__f32_to_bf16(master[i]);
+    nan += isnan(master[i]);
+    inf += (want[i] & 0x7fffu) == 0x7f80u;
+  }
+  ck_assert_int_gt(nan, 100); /* the classes are there */
+  ck_assert_int_gt(inf, 10000);
   for (int64_t i = 0; i < n; i++)
     ck_assert_msg(got[i] == want[i], "element %lld: master 0x%08x rounds to 0x%04x, step wrote 0x%04x",
                   (long long)i, (unsigned)mtopt__f32_bits(master[i]), want[i], got[i]);

@@ -482,7 +482,7 @@ typedef struct {
   size_t struct_size;
   int64_t num_tensors;
   int64_t num_chunks;
-  int64_t chunk_size;
+  int64_t chunk_size; /* in use: the library's choice for a config's 0 */
   int64_t total_numel;
   int64_t state_bytes;
   int launches_per_step;

@@ -105,8 +105,8 @@
  * a large tensor, e.g. an embedding) is reduced in floor(bucket / size)
  * collectives of about equal size, cut at chunk boundaries, each stepped as
  * soon as it lands; so the step left after the last collective is small. For
- * this the size counts as at least 256 chunks (64 MB at the default chunk
- * size), so that each segment's step still fills a GPU.
+ * this the size counts as at least 256 chunks (64 MB at 65536-element
+ * chunks), so that each segment's step still fills a GPU.
  *
  * CUDA with NCCL: collectives run on a communication stream of the
  * communicator, ordered after the context's stream with events; the bucket

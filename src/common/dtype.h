@@ -5,7 +5,8 @@
  * even, fp32 to bf16 rounded stochastically, the split of an fp32 master into
  * a bf16 parameter and a 16-bit remainder, and the counter-based generator of
  * the stochastic rounding bits. No compiler's optional half-precision type is
- * used.
+ * used. (CUDA's 8-wide bf16 stores use the hardware conversion where it gives
+ * these bits: backend/cuda/mixed_vec.cuh, pack_bf16x8.)
  */
 #ifndef MTOPT_COMMON_DTYPE_H
 #define MTOPT_COMMON_DTYPE_H

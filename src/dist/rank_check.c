@@ -66,6 +66,8 @@ mtopt_status_t mtopt__dist_rank_agreement(mtopt_dist_optimizer_t *d, const char 
   h[H_BUCKET] = (int64_t)c->cfg.bucket_bytes;
   h[H_FIRST] = (int64_t)c->cfg.first_bucket_bytes;
   h[H_KIND] = oc->kind;
+  /* the requested size: with ZeRO-1 each rank resolves chunk_size 0 over its
+   * own shard, so the sizes in use may differ, harmlessly */
   h[H_CHUNK] = oc->chunk_size;
   h[H_STATS] = d->plan->use_stats;
   h[H_PREC] = (int64_t)oc->state_dtype * 16 + (int64_t)oc->master_weights * 4 + oc->rounding;

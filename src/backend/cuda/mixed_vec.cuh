@@ -53,7 +53,8 @@ __device__ __forceinline__ void st16(void *base, int64_t i, const uint16_t (&h)[
 /* 8 floats rounded to bf16 as dtype.h rounds them, packed: to nearest even,
  * or when SR stochastically from the 16 bits of r[k] >> shift. A group with
  * no NaN (every group but a broken step's) takes two instructions a pair
- * instead of about fifteen: cvt.rn.bf16x2.f32 rounds every non-NaN value to
+ * instead of about fifteen: cvt.rn.bf16x2.f32 (sm_80 and later; dtype.h's
+ * function before) rounds every non-NaN value to
  * nearest even as mtopt__f32_to_bf16 does (subnormals and the overflow to inf
  * included), and the stochastic sum (b + bits) >> 16 needs no test for inf,
  * whose low half is zero (tests/rounding.c: test_bf16_store_bits). A group
@@ -73,7 +74,12 @@ __device__ __forceinline__ uint4 pack_bf16x8(const float (&x)[8], const uint32_t
         const uint32_t hi = __float_as_uint(x[2 * j + 1]) + MTOPT__SR_BITS(r[2 * j + 1], shift);
         u[j] = __byte_perm(lo, hi, 0x7632); /* the high halves of lo, hi */
       } else {
+#if __CUDA_ARCH__ >= 800 /* the instruction's first architecture */
         asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(u[j]) : "f"(x[2 * j + 1]), "f"(x[2 * j]));
+#else
+        u[j] = (uint32_t)mtopt__f32_to_bf16(x[2 * j]) |
+               ((uint32_t)mtopt__f32_to_bf16(x[2 * j + 1]) << 16);
+#endif
       }
     }
   } else {
