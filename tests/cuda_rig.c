@@ -67,24 +67,23 @@ void model_free(model_t *m) {
 
 /* Host <-> side copies, ordered with the side's stream (tu_to_backend's
  * cudaMemcpy is not, when the side runs on a non-blocking stream). */
-static void side_put(side_t *s, void *dst, const void *src, size_t bytes) {
+static void side_copy(side_t *s, void *dst, const void *src, size_t bytes,
+                      enum cudaMemcpyKind kind) {
   if (!bytes) return;
   if (!s->cuda) {
     memcpy(dst, src, bytes);
     return;
   }
-  TU_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, s->stream));
+  TU_CUDA(cudaMemcpyAsync(dst, src, bytes, kind, s->stream));
   TU_CUDA(cudaStreamSynchronize(s->stream));
 }
 
+static void side_put(side_t *s, void *dst, const void *src, size_t bytes) {
+  side_copy(s, dst, src, bytes, cudaMemcpyHostToDevice);
+}
+
 static void side_get(side_t *s, void *dst, const void *src, size_t bytes) {
-  if (!bytes) return;
-  if (!s->cuda) {
-    memcpy(dst, src, bytes);
-    return;
-  }
-  TU_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, s->stream));
-  TU_CUDA(cudaStreamSynchronize(s->stream));
+  side_copy(s, dst, src, bytes, cudaMemcpyDeviceToHost);
 }
 
 static const float group_lr[3] = {1.0f, 0.5f, 1.5f};

@@ -210,21 +210,22 @@ END_TEST
 /* chunk_size 0: the library picks 65536, or 4096 where the tensors average
  * under 4096 elements (get_info reports it), and the elementwise step gives
  * the same bits as with an explicit chunk size. */
+/* The chunk size an optimizer of tensors param[i] (gradients grad[i], or
+ * NULL: the library's buffer) uses with chunk_size cs, after `steps` steps. */
 static int64_t auto_chunk_of(mtopt_context_t *ctx, const int64_t *numel, int64_t n,
-                             float **w, float **g, int64_t explicit_cs) {
+                             float **param, float **grad, int64_t cs, int steps) {
   mtopt_tensor_list_t *list = NULL;
   TU_OK(mtopt_tensor_list_create(ctx, &list));
   for (int64_t i = 0; i < n; i++)
-    TU_OK(mtopt_tensor_list_add_f32(list, w ? w[i] : g[i], w ? g[i] : NULL, numel[i], 0, NULL));
+    TU_OK(mtopt_tensor_list_add_f32(list, param[i], grad ? grad[i] : NULL, numel[i], 0, NULL));
   mtopt_optimizer_config_t c = MTOPT_OPTIMIZER_CONFIG_INIT;
   ck_assert_int_eq(c.chunk_size, 0); /* the default */
-  c.chunk_size = explicit_cs;
+  c.chunk_size = cs;
   mtopt_optimizer_t *opt = NULL;
   TU_OK(mtopt_optimizer_create(ctx, list, &c, &opt));
   mtopt_optimizer_info_t info = MTOPT_OPTIMIZER_INFO_INIT;
   TU_OK(mtopt_optimizer_get_info(opt, &info));
-  if (w)
-    for (int k = 0; k < 3; k++) TU_OK(mtopt_optimizer_step(opt));
+  for (int k = 0; k < steps; k++) TU_OK(mtopt_optimizer_step(opt));
   TU_OK(mtopt_optimizer_destroy(opt));
   TU_OK(mtopt_tensor_list_destroy(list));
   return info.chunk_size;
@@ -249,8 +250,8 @@ START_TEST(test_auto_chunk_size) {
     memcpy(w[1][i], w[0][i], (size_t)numel[i] * sizeof(float));
   }
   ck_assert_int_lt(total / N, 4096);
-  ck_assert_int_eq(auto_chunk_of(ctx, numel, N, w[0], g, 0), 4096);
-  ck_assert_int_eq(auto_chunk_of(ctx, numel, N, w[1], g, 65536), 65536);
+  ck_assert_int_eq(auto_chunk_of(ctx, numel, N, w[0], g, 0, 3), 4096);
+  ck_assert_int_eq(auto_chunk_of(ctx, numel, N, w[1], g, 65536, 3), 65536);
   for (int64_t i = 0; i < N; i++)
     ck_assert_int_eq(memcmp(w[0][i], w[1][i], (size_t)numel[i] * sizeof(float)), 0);
   /* The boundary: a mean of exactly 4096 keeps 65536, one element less picks
@@ -259,9 +260,9 @@ START_TEST(test_auto_chunk_size) {
   int64_t edge[3] = {4096, 4095, 8193};
   float *buf = malloc(16384 * sizeof(float));
   float *bufs[2] = {buf, buf + 4096};
-  ck_assert_int_eq(auto_chunk_of(ctx, edge, 1, NULL, bufs, 0), 65536);
-  ck_assert_int_eq(auto_chunk_of(ctx, edge + 1, 1, NULL, bufs, 0), 4096);
-  ck_assert_int_eq(auto_chunk_of(ctx, edge + 1, 2, NULL, bufs, 0), 65536);
+  ck_assert_int_eq(auto_chunk_of(ctx, edge, 1, bufs, NULL, 0, 0), 65536);
+  ck_assert_int_eq(auto_chunk_of(ctx, edge + 1, 1, bufs, NULL, 0, 0), 4096);
+  ck_assert_int_eq(auto_chunk_of(ctx, edge + 1, 2, bufs, NULL, 0, 0), 65536);
   free(buf);
   ck_assert_int_eq(mtopt__auto_chunk_size(edge, 0), 65536);
   for (int64_t i = 0; i < N; i++) {

@@ -376,8 +376,6 @@ static size_t prefix_bytes(uint32_t format, int64_t num_tensors) {
          (size_t)num_tensors * (format >= 2u ? sizeof(tensor_t) : sizeof(int64_t));
 }
 
-/* The file's fields against this optimizer, the file verified: format, shape,
- * dtypes, features, length. Fills ext (format 1: the fp32 defaults). */
 /* Names for the layout's numbers in messages; a file may hold any value. */
 static const char *name_of(uint32_t v, const char *const *names, uint32_t n) {
   return v < n ? names[v] : "unknown";
@@ -399,6 +397,8 @@ static const char *kind_name(uint32_t v) {
   return name_of(v, n, 4);
 }
 
+/* The file's fields against this optimizer, the file verified: format, shape,
+ * dtypes, features, length. Fills ext (format 1: the fp32 defaults). */
 static mtopt_status_t check_layout(mtopt_optimizer_t *opt, const char *fn, const char *path,
                                    const unsigned char *data, uint64_t total,
                                    const header_t *hd, ext_t *ext) {

@@ -62,35 +62,32 @@ __device__ __forceinline__ void st16(void *base, int64_t i, const uint16_t (&h)[
 template <bool SR>
 __device__ __forceinline__ uint4 pack_bf16x8(const float (&x)[8], const uint32_t (&r)[8],
                                              int shift) {
+  auto written_out = [&](int j) { /* pair j through dtype.h */
+    uint16_t h[2];
+#pragma unroll
+    for (int k = 0; k < 2; k++)
+      h[k] = SR ? mtopt__f32_to_bf16_sr(x[2 * j + k], MTOPT__SR_BITS(r[2 * j + k], shift))
+                : mtopt__f32_to_bf16(x[2 * j + k]);
+    return (uint32_t)h[0] | ((uint32_t)h[1] << 16);
+  };
   bool nan = false;
 #pragma unroll
   for (int k = 0; k < 8; k++) nan |= isnan(x[k]);
   uint32_t u[4];
-  if (!nan) {
 #pragma unroll
-    for (int j = 0; j < 4; j++) {
-      if constexpr (SR) {
-        const uint32_t lo = __float_as_uint(x[2 * j]) + MTOPT__SR_BITS(r[2 * j], shift);
-        const uint32_t hi = __float_as_uint(x[2 * j + 1]) + MTOPT__SR_BITS(r[2 * j + 1], shift);
-        u[j] = __byte_perm(lo, hi, 0x7632); /* the high halves of lo, hi */
-      } else {
+  for (int j = 0; j < 4; j++) {
+    if (nan) {
+      u[j] = written_out(j);
+    } else if constexpr (SR) {
+      const uint32_t lo = __float_as_uint(x[2 * j]) + MTOPT__SR_BITS(r[2 * j], shift);
+      const uint32_t hi = __float_as_uint(x[2 * j + 1]) + MTOPT__SR_BITS(r[2 * j + 1], shift);
+      u[j] = __byte_perm(lo, hi, 0x7632); /* the high halves of lo, hi */
+    } else {
 #if __CUDA_ARCH__ >= 800 /* the instruction's first architecture */
-        asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(u[j]) : "f"(x[2 * j + 1]), "f"(x[2 * j]));
+      asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(u[j]) : "f"(x[2 * j + 1]), "f"(x[2 * j]));
 #else
-        u[j] = (uint32_t)mtopt__f32_to_bf16(x[2 * j]) |
-               ((uint32_t)mtopt__f32_to_bf16(x[2 * j + 1]) << 16);
+      u[j] = written_out(j);
 #endif
-      }
-    }
-  } else {
-#pragma unroll
-    for (int j = 0; j < 4; j++) {
-      uint16_t h[2];
-#pragma unroll
-      for (int k = 0; k < 2; k++)
-        h[k] = SR ? mtopt__f32_to_bf16_sr(x[2 * j + k], MTOPT__SR_BITS(r[2 * j + k], shift))
-                  : mtopt__f32_to_bf16(x[2 * j + k]);
-      u[j] = (uint32_t)h[0] | ((uint32_t)h[1] << 16);
     }
   }
   return make_uint4(u[0], u[1], u[2], u[3]);
