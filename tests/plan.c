@@ -207,9 +207,6 @@ START_TEST(test_info_counts) {
 }
 END_TEST
 
-/* chunk_size 0: the library picks 65536, or 4096 where the tensors average
- * under 4096 elements (get_info reports it), and the elementwise step gives
- * the same bits as with an explicit chunk size. */
 /* The chunk size an optimizer of tensors param[i] (gradients grad[i], or
  * NULL: the library's buffer) uses with chunk_size cs, after `steps` steps. */
 static int64_t auto_chunk_of(mtopt_context_t *ctx, const int64_t *numel, int64_t n,
@@ -231,6 +228,9 @@ static int64_t auto_chunk_of(mtopt_context_t *ctx, const int64_t *numel, int64_t
   return info.chunk_size;
 }
 
+/* chunk_size 0: the library picks 65536, or 4096 where the tensors average
+ * under 4096 elements (get_info reports it), and the elementwise step gives
+ * the same bits as with an explicit chunk size. */
 START_TEST(test_auto_chunk_size) {
   tu_rng_t rng;
   tu_rng_init(&rng, tu_seed() + 77);

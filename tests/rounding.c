@@ -317,15 +317,16 @@ END_TEST
  * one group of 8 in 40), subnormals, exact ties and their neighbours, values
  * on both sides of the largest bf16 (from 0x7f7f8000 they round to inf),
  * infinities and zeros of both signs. The parameters, poisoned before the
- * step, must be mtopt__f32_to_bf16 of the masters as the step left them (a
- * NaN may come back quieted). On the CPU backend it checks the element path
- * the same way. */
+ * step, must be mtopt__f32_to_bf16 of the masters, which the step leaves as
+ * they were (lr 0: w + -0; a NaN may come back quieted). On the CPU backend
+ * it checks the element path the same way. */
 START_TEST(test_bf16_store_bits) {
   const mtopt_backend_t be = tu_backend();
   tu_rng_t rng;
   tu_rng_init(&rng, tu_seed() + 313);
   const int64_t n = (INT64_C(1) << 18) + 13;
   float *master = malloc((size_t)n * 4), *grad = malloc((size_t)n * 4);
+  uint32_t *before = malloc((size_t)n * 4);
   uint16_t *want = malloc((size_t)n * 2), *got = malloc((size_t)n * 2);
   for (int64_t i = 0; i < n; i++) {
     const uint32_t r = (uint32_t)tu_next(&rng), sign = r & 0x80000000u;
@@ -340,6 +341,7 @@ START_TEST(test_bf16_store_bits) {
       default: b = sign; break; /* +-0 */
     }
     master[i] = mtopt__bits_f32(b);
+    before[i] = b;
     grad[i] = (float)tu_uniform(&rng, 0.5, 1.0); /* > 0: the update is -0, p + -0 == p */
   }
   uint16_t *w = tu_alloc(be, (size_t)n * 2);
@@ -371,6 +373,10 @@ START_TEST(test_bf16_store_bits) {
   tu_to_host(be, master, mw, (size_t)n * 4);
   int64_t nan = 0, inf = 0;
   for (int64_t i = 0; i < n; i++) {
+    const uint32_t after = mtopt__f32_bits(master[i]);
+    ck_assert_msg(isnan(mtopt__bits_f32(before[i])) ? isnan(master[i]) : after == before[i],
+                  "element %lld: the lr-0 step changed master 0x%08x to 0x%08x", (long long)i,
+                  (unsigned)before[i], (unsigned)after);
     want[i] = mtopt__f32_to_bf16(master[i]);
     nan += isnan(master[i]);
     inf += (want[i] & 0x7fffu) == 0x7f80u;
@@ -386,6 +392,7 @@ START_TEST(test_bf16_store_bits) {
   tu_free(be, w);
   tu_free(be, g);
   free(master);
+  free(before);
   free(grad);
   free(want);
   free(got);
