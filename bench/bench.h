@@ -41,6 +41,7 @@
 enum {
   M_ONE_TENSOR,
   M_FUSED,
+  M_PACKED,
   M_LOOP,
   M_MIXED,
   M_GRAPH,

@@ -16,6 +16,7 @@ struct bench_mode {
               shape_state_t *ss, row_t *row, int round);
   int mixed; /* loss scale and clipping; checked for skipped steps instead */
   int graph; /* one step captured in a CUDA graph, replayed */
+  int packed; /* the tensors back to back, not each at its own aligned start */
 };
 
 /* ---------------------------------------------------------------- steps -- */
@@ -326,14 +327,16 @@ done:
   run_free(b, &r);
 }
 
-/* fused, mixed, graph, graph-mixed: one optimizer over all tensors of the
- * pool, stepped with one call or replayed from a graph. */
+/* fused, packed, mixed, graph, graph-mixed: one optimizer over all tensors
+ * of the pool (packed: back to back), stepped with one call or replayed from
+ * a graph. */
 static void run_pooled(bench_t *b, const bench_mode_t *m, const bench_shape_t *s,
                        shape_state_t *ss, row_t *row, int round) {
   const int mixed = m->mixed;
   int eager = 0; /* a step applied before the capture: the state moved */
   run_t r = {0};
-  if (run_alloc(b, s, 1, 1, &r, row) || run_build(b, &r, s, &r.L, s->n, mixed, ss, row))
+  if (run_alloc(b, s, !m->packed, 1, &r, row) ||
+      run_build(b, &r, s, &r.L, s->n, mixed, ss, row))
     goto done;
   if (m->graph) {
     if (!b->be->graph_capture) {
@@ -364,6 +367,7 @@ static void run_copy(bench_t *b, const bench_mode_t *m, const bench_shape_t *s,
 static const bench_mode_t modes[M_COUNT] = {
     [M_ONE_TENSOR] = {"one-tensor", run_one_tensor},
     [M_FUSED] = {"fused", run_pooled},
+    [M_PACKED] = {"packed", run_pooled, .packed = 1},
     [M_LOOP] = {"loop", run_loop},
     [M_MIXED] = {"mixed", run_pooled, .mixed = 1},
     [M_GRAPH] = {"graph", run_pooled, .graph = 1},

@@ -34,6 +34,7 @@ import tempfile
 VARIANTS = [
     (("mtopt", "one-tensor"), "mtopt one-tensor"),
     (("mtopt", "fused"), "mtopt fused"),
+    (("mtopt", "packed"), "mtopt fused, packed"),
     (("mtopt", "graph"), "mtopt fused+graph"),
     (("mtopt", "mixed"), "mtopt mixed"),
     (("mtopt", "graph-mixed"), "mtopt mixed+graph"),
@@ -50,7 +51,8 @@ LEGACY = {("mtopt", "flat"): ("mtopt", "one-tensor"), ("torch", "flat"): ("torch
           ("mtopt", "memcpy"): ("mtopt", "copy")}
 COPY_MODES = ("copy", "memcpy")
 COLORS = {
-    "mtopt one-tensor": "#1b5e20", "mtopt fused": "#2e7d32", "mtopt fused+graph": "#66bb6a",
+    "mtopt one-tensor": "#1b5e20", "mtopt fused": "#2e7d32", "mtopt fused, packed": "#004d40",
+    "mtopt fused+graph": "#66bb6a",
     "mtopt mixed": "#00838f", "mtopt mixed+graph": "#4dd0e1", "mtopt per-tensor loop": "#9e9d24",
     "reference AdamW kernel": "#283593", "torch for-loop": "#b71c1c",
     "torch foreach": "#e53935", "torch fused": "#ef6c00", "torch fused+graph": "#ffa726",

@@ -7,7 +7,13 @@
  * (freed before the next mode, so the peak is one mode's memory):
  *   one-tensor   one optimizer over one tensor of the total element count: the
  *                library's kernel on one contiguous buffer
- *   fused        one optimizer over all tensors, one mtopt_optimizer_step
+ *   fused        one optimizer over all tensors, one mtopt_optimizer_step; each
+ *                tensor at its own 256-byte-aligned start, as an allocator
+ *                places separate tensors
+ *   packed       fused over the same tensors back to back in one buffer of
+ *                weights and one of gradients (llm.c's layout, and that of
+ *                the flat buffers of Megatron and DeepSpeed), where runs of
+ *                small tensors step as one (docs/optimizers.md, "Segments")
  *   loop         one optimizer per tensor, one step call per tensor: how users
  *                step a model with a per-tensor kernel today
  *   mixed        the full mixed-precision step: dynamic loss scale, global-norm
@@ -26,7 +32,7 @@
  * / time(row): 1.00 = as fast as the memory moves those bytes.
  *
  * With --check 1 (default), before timing, every mode that computes the plain
- * step (one-tensor, fused, loop, graph) applies one step from the same random
+ * step (one-tensor, fused, packed, loop, graph) applies one step from the same random
  * start and its weights must equal, bit for bit, those of the first such mode
  * (one-tensor's for AdamW/Adam/SGD, where one buffer computes the same
  * elements; for LAMB, whose trust ratio is per tensor, the reference is
@@ -85,7 +91,7 @@ static void usage(FILE *f) {
           "  --dtype NAME            f32 (default), bf16-master, bf16-remainder,\n"
           "                          bf16-nearest, bf16-sr, bf16-all, bf16-all-sr,\n"
           "                          f32-bf16grad, mixed-table (docs/benchmarks.md)\n"
-          "  --modes LIST            one-tensor,fused,loop,mixed,graph,ref-adamw,copy\n"
+          "  --modes LIST            one-tensor,fused,packed,loop,mixed,graph,ref-adamw,copy\n"
           "                          (default all; graph = graph and graph-mixed, CUDA\n"
           "                          only; ref-adamw by default only for fp32 AdamW)\n"
           "  --iters N               timed steps (default 20)\n"

@@ -43,6 +43,10 @@ struct mtopt_optimizer {
   mtopt__hyper_t hyper_host; /* host mirror of the hyperparameters */
   mtopt__group_rec_t groups_host[MTOPT_MAX_GROUPS]; /* host mirror of plan.groups */
   mtopt__plan_t plan;        /* pointers into dev_tables */
+  /* The plan of the update pass: &plan, or &segment_plan where tensors merge
+   * into segments (core/segments.c). */
+  const mtopt__plan_t *update_plan;
+  mtopt__plan_t segment_plan; /* pointers into dev_segments */
   mtopt__tensor_rec_t *tensors_host;
   int64_t total_numel;
   int64_t state_bytes;
@@ -50,12 +54,15 @@ struct mtopt_optimizer {
   /* Backend allocations, released on destroy. */
   void *dev_tables; /* tensors, chunks, groups, hyper, slots, stats_sum */
   void *dev_state;  /* the state slab: moments, momentum buffers, masters */
+  void *dev_segments; /* the segment plan's tensors and chunks, or NULL */
   /* The contiguous gradient buffers, one per gradient dtype (MTOPT__DT_*), or
    * NULL; their lengths in bytes. */
   void *dev_grads[MTOPT__NUM_DTYPES];
   int64_t grad_bytes[MTOPT__NUM_DTYPES];
   int all_f32; /* plan.all_f32, on the host */
 };
+
+#define MTOPT__ALIGN_UP(x, a) (((x) + (a) - 1) / (a) * (a))
 
 /* Bytes of the library's buffers (core/layout.c). */
 typedef struct {
@@ -86,6 +93,18 @@ MTOPT__HIDDEN int64_t mtopt__chunk_table(const int64_t *numel, int64_t n,
                                          const int64_t *order, int64_t chunk_size,
                                          int64_t *first_chunk, int64_t *num_chunks,
                                          mtopt__chunk_rec_t *chunks);
+
+/* Segments (core/segments.c, where the rule is): the records of the
+ * segments of recs[0..n-1] into segs (NULL: only count), each the record of
+ * its first tensor with the segment's numel; returns their count. Empty
+ * tensors are in none. Pure, for the tests. */
+#define MTOPT__SEGMENT_TENSOR_MAX 65536
+MTOPT__HIDDEN int64_t mtopt__segments(const mtopt__tensor_rec_t *recs, int64_t n,
+                                      mtopt__tensor_rec_t *segs);
+/* Sets opt->update_plan: the segment plan (its tables allocated in
+ * dev_segments) where any tensors merge, else &opt->plan. chunk_size: the
+ * config's (0: chosen for the segments as for tensors). */
+MTOPT__HIDDEN mtopt_status_t mtopt__update_plan(mtopt_optimizer_t *opt, int64_t chunk_size);
 
 /* The chunk size of chunk_size 0 for tensors of numel[0..n-1] elements:
  * 65536, or 4096 where they average under 4096 elements (core/chunk_table.c). */

@@ -1,5 +1,5 @@
 /* Where the library's own arrays go: the state slab (moments or momentum
- * buffers, then master weights, tensor by tensor) and one contiguous gradient
+ * buffers, then master weights, one region per array) and one contiguous gradient
  * buffer per gradient dtype (for tensors added with grad == NULL), and the
  * tensor records that point into them. One function both counts the bytes
  * (before allocation) and fills the records (after), so the two cannot
@@ -38,49 +38,55 @@ void mtopt__layout(const mtopt_tensor_list_t *list, const mtopt_optimizer_config
                    char *const grads[MTOPT__NUM_DTYPES], mtopt__tensor_rec_t *recs,
                    mtopt__layout_t *size) {
   const int se = mtopt__dt_size(c->state_dtype);
+  for (int64_t i = 0; recs && i < list->count; i++) {
+    const mtopt_tensor_desc_t *d = &list->items[i].desc;
+    mtopt__tensor_rec_t *r = &recs[i];
+    const int64_t first = r->first_chunk, nch = r->num_chunks; /* the chunk table's */
+    memset(r, 0, sizeof *r);
+    r->w = d->param;
+    r->g = d->grad;
+    r->numel = d->numel;
+    r->first_chunk = first;
+    r->num_chunks = nch;
+    r->sr_tensor = (int32_t)i;
+    r->group = d->group;
+    r->flags = d->flags;
+    r->wdt = (uint8_t)d->param_dtype;
+    r->gdt = (uint8_t)d->grad_dtype;
+    r->sdt = (uint8_t)c->state_dtype;
+    r->mmode = (uint8_t)mtopt__master_mode(c, d->param_dtype);
+  }
+  /* The slab holds one region per array: every tensor's first state array,
+   * then every tensor's second, then the masters. Tensors whose parameters
+   * lie back to back so lie back to back in each state array too (each
+   * placement keeps the parameter's offset mod 16), which core/segments.c
+   * needs to step them as one. */
   int64_t soff = 0, goff[MTOPT__NUM_DTYPES] = {0, 0, 0};
+  for (int a = 0; a <= nstate; a++) { /* a == nstate: the masters */
+    for (int64_t j = 0; j < list->count; j++) {
+      const int64_t i = order ? order[j] : j;
+      const mtopt_tensor_desc_t *d = &list->items[i].desc;
+      const int eb = a < nstate ? se : master_bytes(mtopt__master_mode(c, d->param_dtype));
+      if (d->numel == 0 || eb == 0) continue;
+      soff = mtopt__place(soff, eb, d->param, mtopt__dt_size(d->param_dtype));
+      if (slab) {
+        char *p = slab + soff;
+        if (a == nstate) recs[i].mw = p;
+        else if (a == 0) recs[i].s0 = (float *)p;
+        else recs[i].s1 = (float *)p;
+      }
+      soff += d->numel * eb;
+    }
+  }
   for (int64_t j = 0; j < list->count; j++) {
     const int64_t i = order ? order[j] : j;
     const mtopt_tensor_desc_t *d = &list->items[i].desc;
-    const int pe = mtopt__dt_size(d->param_dtype), ge = mtopt__dt_size(d->grad_dtype);
-    const int mode = mtopt__master_mode(c, d->param_dtype);
-    mtopt__tensor_rec_t r;
-    memset(&r, 0, sizeof r);
-    r.w = d->param;
-    r.g = d->grad;
-    r.numel = d->numel;
-    r.sr_tensor = (int32_t)i;
-    r.group = d->group;
-    r.flags = d->flags;
-    r.wdt = (uint8_t)d->param_dtype;
-    r.gdt = (uint8_t)d->grad_dtype;
-    r.sdt = (uint8_t)c->state_dtype;
-    r.mmode = (uint8_t)mode;
-    if (d->numel > 0) {
-      float **state[2] = {&r.s0, &r.s1};
-      for (int s = 0; s < nstate; s++) {
-        soff = mtopt__place(soff, se, d->param, pe);
-        if (slab) *state[s] = (float *)(slab + soff);
-        soff += d->numel * se;
-      }
-      if (mode != MTOPT__MASTER_NONE) {
-        const int me = master_bytes(mode);
-        soff = mtopt__place(soff, me, d->param, pe);
-        if (slab) r.mw = slab + soff;
-        soff += d->numel * me;
-      }
-      if (!d->grad) {
-        int64_t *g = &goff[d->grad_dtype];
-        *g = mtopt__place(*g, ge, d->param, pe);
-        if (grads && grads[d->grad_dtype]) r.g = (float *)(grads[d->grad_dtype] + *g);
-        *g += d->numel * ge;
-      }
-    }
-    if (recs) {
-      r.first_chunk = recs[i].first_chunk; /* the chunk table's, set before */
-      r.num_chunks = recs[i].num_chunks;
-      recs[i] = r;
-    }
+    if (d->numel == 0 || d->grad) continue;
+    const int ge = mtopt__dt_size(d->grad_dtype);
+    int64_t *g = &goff[d->grad_dtype];
+    *g = mtopt__place(*g, ge, d->param, mtopt__dt_size(d->param_dtype));
+    if (grads && grads[d->grad_dtype]) recs[i].g = (float *)(grads[d->grad_dtype] + *g);
+    *g += d->numel * ge;
   }
   size->slab = soff;
   for (int k = 0; k < MTOPT__NUM_DTYPES; k++) size->grads[k] = goff[k];

@@ -8,7 +8,6 @@
 #include "core.h"
 
 #define CONFIG_MIN_SIZE (offsetof(mtopt_optimizer_config_t, chunk_size) + sizeof(int64_t))
-#define ALIGN_UP(x, a) (((x) + (a) - 1) / (a) * (a))
 
 /* The numeric copies in common/plan.h that device code reads. */
 _Static_assert(MTOPT__KIND_ADAMW == MTOPT_OPTIMIZER_ADAMW, "kind");
@@ -93,7 +92,7 @@ static table_layout_t layout_tables(int64_t ntensors, int64_t nchunks, int lamb,
   size_t off = 0;
 #define PLACE(field, bytes)                                                    \
   L.field = off;                                                               \
-  off = ALIGN_UP(off + (size_t)(bytes), 256)
+  off = MTOPT__ALIGN_UP(off + (size_t)(bytes), 256)
   PLACE(tensors, ntensors * sizeof(mtopt__tensor_rec_t));
   PLACE(chunks, nchunks * sizeof(mtopt__chunk_rec_t));
   PLACE(groups, MTOPT_MAX_GROUPS * sizeof(mtopt__group_rec_t));
@@ -172,6 +171,7 @@ static void release_all(mtopt_optimizer_t *opt) {
   mtopt_context_t *ctx = opt->ctx;
   if (opt->dev_tables) ctx->ops->release(ctx, opt->dev_tables);
   if (opt->dev_state) ctx->ops->release(ctx, opt->dev_state);
+  if (opt->dev_segments) ctx->ops->release(ctx, opt->dev_segments);
   for (int k = 0; k < MTOPT__NUM_DTYPES; k++)
     if (opt->dev_grads[k]) ctx->ops->release(ctx, opt->dev_grads[k]);
   free(opt->tensors_host);
@@ -323,6 +323,10 @@ mtopt_status_t mtopt__optimizer_create(mtopt_context_t *ctx, mtopt_tensor_list_t
   p->all_f32 = all_f32;
   p->stochastic = c->rounding == MTOPT_ROUNDING_STOCHASTIC;
   p->bf16_state = c->state_dtype == MTOPT_DTYPE_BF16;
+  /* The distributed layer's plans keep their tensors (core/segments.c). */
+  opt->update_plan = p;
+  if (!options->defer_stats && !options->order && !options->sr_tensor)
+    CHECK_GOTO(mtopt__update_plan(opt, cfg.chunk_size), st, fail);
 
   free(numel);
   free(first);
@@ -361,15 +365,17 @@ mtopt_status_t mtopt__check_opt(const mtopt_optimizer_t *opt, const char *fn) {
   return MTOPT_STATUS_SUCCESS;
 }
 
-/* Every pass of the step over all chunks. A plan with no chunks still runs its
- * passes: the step counts, as in torch. A plan that defers its statistics
- * (built for the distributed layer) finishes them locally here. */
+/* Every pass of the step over all chunks, the update over the segments'
+ * where tensors merge. A plan with no chunks still runs its passes: the step
+ * counts, as in torch. A plan that defers its statistics (built for the
+ * distributed layer) finishes them locally here. */
 mtopt_status_t mtopt_optimizer_step(mtopt_optimizer_t *opt) {
   CHECK(mtopt__check_opt(opt, "mtopt_optimizer_step"));
   mtopt__pass_t passes[MTOPT__MAX_PASSES];
   const int n = mtopt__step_passes(&opt->plan, passes);
   for (int i = 0; i < n; i++) {
-    CHECK(mtopt__optimizer_run_pass(opt, passes[i], 0, opt->plan.num_chunks, NULL));
+    const mtopt__plan_t *p = passes[i] == MTOPT__PASS_UPDATE ? opt->update_plan : &opt->plan;
+    CHECK(opt->ctx->ops->run_pass(opt->ctx, p, passes[i], 0, p->num_chunks, NULL));
     if (passes[i] == MTOPT__PASS_STATS && opt->plan.defer_stats)
       CHECK(mtopt__optimizer_finish_stats(opt));
   }

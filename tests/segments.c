@@ -1,0 +1,359 @@
+/* Segments (core/segments.c): the rule of which tensors merge, on records
+ * alone; then optimizers over tensors that lie back to back in one buffer
+ * (which merge) against the same tensors each in its own allocation at the
+ * same 16-byte residue (which do not): weights, state and the gradient norm
+ * bit for bit after every step, for AdamW, Adam and SGD with groups, no-decay
+ * tensors, empty tensors, a large tensor amid small ones, clipping and a
+ * loss scale, both chunk sizes, an lr change mid-run. LAMB and low-precision
+ * tables keep their tensors. CPU backend; MTOPT_TEST_BACKEND=cuda runs it on
+ * CUDA. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/core.h"
+#include "test_util.h"
+
+/* ------------------------------------------------------------- the rule -- */
+
+static float arena[1 << 18];
+
+static mtopt__tensor_rec_t rec(int64_t at, int64_t numel) {
+  mtopt__tensor_rec_t r;
+  memset(&r, 0, sizeof r);
+  r.w = arena + at;
+  r.g = arena + (1 << 16) + at;
+  r.s0 = arena + (2 << 16) + at;
+  r.s1 = arena + (3 << 16) + at;
+  r.numel = numel;
+  return r;
+}
+
+/* Segment counts of recs, and each segment's first pointer and length. */
+static void expect(const mtopt__tensor_rec_t *r, int64_t n, int64_t nseg, const int64_t *first,
+                   const int64_t *numel, const char *what) {
+  mtopt__tensor_rec_t segs[16];
+  ck_assert_msg(mtopt__segments(r, n, NULL) == nseg, "%s: %lld segments, expected %lld", what,
+                (long long)mtopt__segments(r, n, NULL), (long long)nseg);
+  ck_assert_int_eq(mtopt__segments(r, n, segs), nseg);
+  for (int64_t k = 0; k < nseg; k++) {
+    ck_assert_msg(segs[k].w == r[first[k]].w && segs[k].s1 == r[first[k]].s1,
+                  "%s: segment %lld does not start at tensor %lld", what, (long long)k,
+                  (long long)first[k]);
+    ck_assert_msg(segs[k].numel == numel[k], "%s: segment %lld has %lld elements, not %lld",
+                  what, (long long)k, (long long)segs[k].numel, (long long)numel[k]);
+  }
+}
+
+START_TEST(test_rule) {
+  mtopt__tensor_rec_t r[6];
+  /* three back to back, an empty one between them */
+  r[0] = rec(0, 5);
+  r[1] = rec(5, 0);
+  r[2] = rec(5, 7);
+  r[3] = rec(12, 3);
+  expect(r, 4, 1, (int64_t[]){0}, (int64_t[]){15}, "back to back");
+  /* a gap in any one array breaks the run */
+  for (int a = 0; a < 4; a++) {
+    r[2] = rec(5, 7);
+    float **arr[4] = {&r[2].w, &r[2].g, &r[2].s0, &r[2].s1};
+    *arr[a] += 1;
+    expect(r, 4, 3, (int64_t[]){0, 2, 3}, (int64_t[]){5, 7, 3}, "a gap");
+  }
+  r[2] = rec(5, 7);
+  r[2].group = 1; /* another group; tensor 3 is group 0 again */
+  expect(r, 4, 3, (int64_t[]){0, 2, 3}, (int64_t[]){5, 7, 3}, "groups");
+  r[2].group = 0;
+  r[3].flags = MTOPT__FLAG_NO_WEIGHT_DECAY;
+  expect(r, 4, 2, (int64_t[]){0, 3}, (int64_t[]){12, 3}, "flags");
+  r[3].flags = 0;
+  /* no state arrays (SGD without momentum): w and g decide */
+  for (int i = 0; i < 4; i++) r[i].s0 = r[i].s1 = NULL;
+  expect(r, 4, 1, (int64_t[]){0}, (int64_t[]){15}, "no state");
+  /* a tensor of MTOPT__SEGMENT_TENSOR_MAX elements stays alone, even back to
+   * back; one element fewer joins */
+  const int64_t big = MTOPT__SEGMENT_TENSOR_MAX;
+  r[0] = rec(0, 9);
+  r[1] = rec(9, big);
+  r[2] = rec(9 + big, 4);
+  r[3] = rec(13 + big, 2);
+  expect(r, 4, 3, (int64_t[]){0, 1, 2}, (int64_t[]){9, big, 6}, "a large tensor");
+  r[1] = rec(9, big - 1);
+  r[2] = rec(8 + big, 4);
+  r[3] = rec(12 + big, 2);
+  expect(r, 4, 1, (int64_t[]){0}, (int64_t[]){big + 14}, "the largest small tensor");
+  /* F16/BF16 arrays, BF16 state or master weights: alone */
+  for (int which = 0; which < 4; which++) {
+    r[0] = rec(0, 5);
+    r[1] = rec(5, 7);
+    r[2] = rec(12, 3);
+    if (which == 0) r[1].wdt = MTOPT__DT_BF16;
+    if (which == 1) r[1].gdt = MTOPT__DT_F16;
+    if (which == 2) r[1].sdt = MTOPT__DT_BF16;
+    if (which == 3) r[1].mmode = MTOPT__MASTER_F32;
+    expect(r, 3, 3, (int64_t[]){0, 1, 2}, (int64_t[]){5, 7, 3}, "low precision");
+  }
+  ck_assert_int_eq(mtopt__segments(r, 0, NULL), 0);
+  r[0] = rec(0, 0);
+  ck_assert_int_eq(mtopt__segments(r, 1, NULL), 0);
+}
+END_TEST
+
+/* ------------------------------------------------ packed against apart -- */
+
+enum { NT = 23, STEPS = 5 };
+
+typedef struct {
+  mtopt_backend_t be;
+  int64_t numel[NT];
+  int64_t off[NT];    /* packed: element offsets in one buffer */
+  float *w[NT], *g[NT]; /* the tensors' starts */
+  void *mem[2 * NT];  /* the allocations */
+  int nmem;
+} layout_t;
+
+/* Sizes: odd and small, one empty, one large amid them. */
+static void sizes(tu_rng_t *rng, int64_t *numel) {
+  for (int i = 0; i < NT; i++) numel[i] = tu_int(rng, 1, 3000) | 1;
+  numel[4] = 0;
+  numel[11] = MTOPT__SEGMENT_TENSOR_MAX + 3;
+  numel[12] = 1;
+}
+
+/* packed: w and g each one buffer, `skew` floats in, tensors back to back;
+ * apart: each tensor its own allocation at the packed start's residue. */
+static void make_layout(layout_t *L, mtopt_backend_t be, const int64_t *numel, int skew,
+                        int packed) {
+  memset(L, 0, sizeof *L);
+  L->be = be;
+  int64_t at = skew;
+  for (int i = 0; i < NT; i++) {
+    L->numel[i] = numel[i];
+    L->off[i] = at;
+    at += numel[i];
+  }
+  if (packed) {
+    float *w = tu_alloc(be, (size_t)at * 4), *g = tu_alloc(be, (size_t)at * 4);
+    L->mem[L->nmem++] = w;
+    L->mem[L->nmem++] = g;
+    for (int i = 0; i < NT; i++) {
+      L->w[i] = w + L->off[i];
+      L->g[i] = g + L->off[i];
+    }
+    return;
+  }
+  for (int i = 0; i < NT; i++) {
+    const int64_t r = L->off[i] % 4; /* tu_alloc is 256-byte aligned */
+    float *w = tu_alloc(be, (size_t)(r + numel[i] + 1) * 4);
+    float *g = tu_alloc(be, (size_t)(r + numel[i] + 1) * 4);
+    L->mem[L->nmem++] = w;
+    L->mem[L->nmem++] = g;
+    L->w[i] = w + r;
+    L->g[i] = g + r;
+  }
+}
+
+static void free_layout(layout_t *L) {
+  for (int k = 0; k < L->nmem; k++) tu_free(L->be, L->mem[k]);
+}
+
+static void put(const layout_t *L, float *const *dst, const float *src) {
+  for (int i = 0, at = 0; i < NT; at += (int)L->numel[i], i++)
+    if (L->numel[i]) tu_to_backend(L->be, dst[i], src + at, (size_t)L->numel[i] * 4);
+}
+
+/* Tensors 0-2 in group 0, 3-8 in group 1, 9.. in group 2; 6 and 15 no-decay. */
+static mtopt_optimizer_t *build(mtopt_context_t *ctx, const layout_t *L,
+                                const mtopt_optimizer_config_t *c, mtopt_tensor_list_t **list) {
+  TU_OK(mtopt_tensor_list_create(ctx, list));
+  TU_OK(mtopt_tensor_list_set_group(*list, 1, 0.5f, 0.0f));
+  TU_OK(mtopt_tensor_list_set_group(*list, 2, 2.0f, 0.5f));
+  for (int i = 0; i < NT; i++) {
+    mtopt_tensor_desc_t d = MTOPT_TENSOR_DESC_INIT;
+    d.param = L->w[i];
+    d.grad = L->g[i];
+    d.numel = L->numel[i];
+    d.group = i < 3 ? 0 : i < 9 ? 1 : 2;
+    d.flags = i == 6 || i == 15 ? MTOPT_TENSOR_NO_WEIGHT_DECAY : 0u;
+    TU_OK(mtopt_tensor_list_add(*list, &d, NULL));
+  }
+  mtopt_optimizer_t *opt = NULL;
+  TU_OK(mtopt_optimizer_create(ctx, *list, c, &opt));
+  return opt;
+}
+
+/* How many records the update pass steps. */
+static int64_t update_tensors(const mtopt_optimizer_t *opt) {
+  return opt->update_plan->num_tensors;
+}
+
+static void same(const float *a, const float *b, int64_t n, const char *what, int i, int step) {
+  const int64_t k = tu_first_bit_diff(a, b, n);
+  ck_assert_msg(k < 0, "%s of tensor %d differs at step %d, element %lld: %a vs %a", what, i,
+                step, (long long)k, k < 0 ? 0.0 : (double)a[k], k < 0 ? 0.0 : (double)b[k]);
+}
+
+/* Both optimizers' weights and state, tensor by tensor. */
+static void compare(mtopt_optimizer_t *op, const layout_t *P, mtopt_optimizer_t *oa,
+                    const layout_t *A, int nstate, mtopt_state_t s0, int step) {
+  for (int i = 0; i < NT; i++) {
+    const int64_t n = P->numel[i];
+    if (n == 0) continue;
+    float *x = malloc((size_t)n * 4), *y = malloc((size_t)n * 4);
+    tu_poison(x, n);
+    tu_poison(y, n);
+    tu_to_host(P->be, x, P->w[i], (size_t)n * 4);
+    tu_to_host(A->be, y, A->w[i], (size_t)n * 4);
+    same(x, y, n, "the weights", i, step);
+    for (int s = 0; s < nstate; s++) {
+      tu_poison(x, n);
+      tu_poison(y, n);
+      TU_OK(mtopt_optimizer_read_state(op, i, (mtopt_state_t)(s0 + s), x));
+      TU_OK(mtopt_optimizer_read_state(oa, i, (mtopt_state_t)(s0 + s), y));
+      same(x, y, n, s ? "the second moment" : "the first state", i, step);
+    }
+    free(x);
+    free(y);
+  }
+}
+
+/* _i: config (6) x chunk size (auto, 700). */
+START_TEST(test_packed_is_apart) {
+  const int cfg = _i % 6;
+  const int64_t chunk = _i / 6 ? 700 : 0;
+  const mtopt_backend_t be = tu_backend();
+  tu_rng_t rng;
+  tu_rng_init(&rng, tu_seed() ^ (0x5e6u + (uint64_t)_i));
+  mtopt_context_t *ctx = tu_context(be);
+  mtopt_optimizer_config_t c = MTOPT_OPTIMIZER_CONFIG_INIT;
+  c.chunk_size = chunk;
+  c.lr = 1e-2f;
+  c.weight_decay = 0.1f;
+  int nstate = 2;
+  mtopt_state_t s0 = MTOPT_STATE_EXP_AVG;
+  switch (cfg) {
+  case 0: c.kind = MTOPT_OPTIMIZER_ADAMW; break;
+  case 1: /* clipping and a dynamic loss scale: a statistics pass first */
+    c.kind = MTOPT_OPTIMIZER_ADAMW;
+    c.max_grad_norm = 0.5f;
+    c.loss_scale = 1024.0f;
+    c.dynamic_loss_scale = 1;
+    break;
+  case 2: c.kind = MTOPT_OPTIMIZER_ADAM; break;
+  case 3:
+    c.kind = MTOPT_OPTIMIZER_SGD;
+    c.momentum = 0.9f;
+    c.dampening = 0.1f;
+    nstate = 1;
+    s0 = MTOPT_STATE_MOMENTUM;
+    break;
+  case 4:
+    c.kind = MTOPT_OPTIMIZER_SGD;
+    c.momentum = 0.8f;
+    c.nesterov = 1;
+    c.max_grad_norm = 1.0f;
+    nstate = 1;
+    s0 = MTOPT_STATE_MOMENTUM;
+    break;
+  default: c.kind = MTOPT_OPTIMIZER_SGD; nstate = 0; break;
+  }
+  int64_t numel[NT], total = 0;
+  sizes(&rng, numel);
+  for (int i = 0; i < NT; i++) total += numel[i];
+  layout_t P, A;
+  const int skew = (int)tu_int(&rng, 0, 3);
+  make_layout(&P, be, numel, skew, 1);
+  make_layout(&A, be, numel, skew, 0);
+  float *w = malloc((size_t)total * 4), *g = malloc((size_t)total * 4);
+  tu_fill(&rng, w, total, -2.0f, 2.0f);
+  put(&P, P.w, w);
+  put(&A, A.w, w);
+  mtopt_tensor_list_t *lp, *la;
+  mtopt_optimizer_t *op = build(ctx, &P, &c, &lp), *oa = build(ctx, &A, &c, &la);
+  /* Apart, nothing merges; packed, the groups and the no-decay tensors cut
+   * the small tensors into runs, the large one stays alone. */
+  ck_assert_ptr_eq(oa->update_plan, &oa->plan);
+  ck_assert_int_eq(update_tensors(oa), NT);
+  ck_assert_int_eq(update_tensors(op), 9); /* 0-2 | 3,5 | 6 | 7-8 | 9-10 | 11 | 12-14 | 15 | 16.. */
+  for (int step = 1; step <= STEPS; step++) {
+    const float gs = cfg == 1 ? 1024.0f : 1.0f;
+    tu_fill(&rng, g, total, -gs, gs);
+    put(&P, P.g, g);
+    put(&A, A.g, g);
+    if (step == 3) {
+      TU_OK(mtopt_optimizer_set_lr(op, 3e-3f));
+      TU_OK(mtopt_optimizer_set_lr(oa, 3e-3f));
+    }
+    TU_OK(mtopt_optimizer_step(op));
+    TU_OK(mtopt_optimizer_step(oa));
+    compare(op, &P, oa, &A, nstate, s0, step);
+    mtopt_step_info_t ip = MTOPT_STEP_INFO_INIT, ia = MTOPT_STEP_INFO_INIT;
+    TU_OK(mtopt_optimizer_get_step_info(op, &ip));
+    TU_OK(mtopt_optimizer_get_step_info(oa, &ia));
+    ck_assert_int_eq(ip.step, step);
+    ck_assert_int_eq(ip.step, ia.step);
+    ck_assert_msg(memcmp(&ip.last_grad_norm, &ia.last_grad_norm, sizeof(float)) == 0 &&
+                      ip.loss_scale == ia.loss_scale,
+                  "step %d: norm %a vs %a", step, (double)ip.last_grad_norm,
+                  (double)ia.last_grad_norm);
+  }
+  TU_OK(mtopt_optimizer_destroy(op));
+  TU_OK(mtopt_optimizer_destroy(oa));
+  TU_OK(mtopt_tensor_list_destroy(lp));
+  TU_OK(mtopt_tensor_list_destroy(la));
+  free_layout(&P);
+  free_layout(&A);
+  free(w);
+  free(g);
+  TU_OK(mtopt_context_destroy(ctx));
+}
+END_TEST
+
+/* LAMB (a trust ratio per tensor) and BF16 parameters keep their tensors. */
+START_TEST(test_kept) {
+  const mtopt_backend_t be = tu_backend();
+  tu_rng_t rng;
+  tu_rng_init(&rng, tu_seed() ^ 0x1a3bu);
+  mtopt_context_t *ctx = tu_context(be);
+  int64_t numel[NT];
+  sizes(&rng, numel);
+  layout_t P;
+  make_layout(&P, be, numel, 1, 1);
+  mtopt_optimizer_config_t c = MTOPT_OPTIMIZER_CONFIG_INIT;
+  c.kind = MTOPT_OPTIMIZER_LAMB;
+  mtopt_tensor_list_t *l;
+  mtopt_optimizer_t *o = build(ctx, &P, &c, &l);
+  ck_assert_ptr_eq(o->update_plan, &o->plan);
+  TU_OK(mtopt_optimizer_destroy(o));
+  TU_OK(mtopt_tensor_list_destroy(l));
+  /* the same bytes as BF16 parameters: twice as many elements, back to back */
+  {
+    TU_OK(mtopt_tensor_list_create(ctx, &l));
+    for (int i = 0; i < 4; i++) {
+      mtopt_tensor_desc_t d = MTOPT_TENSOR_DESC_INIT;
+      d.param = (uint16_t *)P.w[0] + 64 * i;
+      d.grad = P.g[0] + 64 * i;
+      d.numel = 64;
+      d.param_dtype = MTOPT_DTYPE_BF16;
+      TU_OK(mtopt_tensor_list_add(l, &d, NULL));
+    }
+    c.kind = MTOPT_OPTIMIZER_ADAMW;
+    TU_OK(mtopt_optimizer_create(ctx, l, &c, &o));
+    ck_assert_ptr_eq(o->update_plan, &o->plan);
+    TU_OK(mtopt_optimizer_destroy(o));
+    TU_OK(mtopt_tensor_list_destroy(l));
+  }
+  free_layout(&P);
+  TU_OK(mtopt_context_destroy(ctx));
+}
+END_TEST
+
+int main(void) {
+  Suite *s = suite_create("segments");
+  TCase *tc = tcase_create("segments");
+  tcase_set_timeout(tc, 120);
+  tcase_add_test(tc, test_rule);
+  tcase_add_loop_test(tc, test_packed_is_apart, 0, 12);
+  tcase_add_test(tc, test_kept);
+  suite_add_tcase(s, tc);
+  return tu_main(s);
+}
