@@ -1,4 +1,4 @@
-/* The chunk table (mtopt__chunk_table) and the state alignment helper
+/* The chunk table (mtopt__chunk_table, mtopt__chunk_table_at) and the state alignment helper
  * (mtopt__aligned_offset), on random tensor lists and on tensors of 2^31+
  * elements that are planned without being allocated; and get_info's traffic
  * figures against the table users read in docs/optimizers.md. */
@@ -61,6 +61,55 @@ START_TEST(test_edges) {
   }
   /* No tensors at all. */
   ck_assert_int_eq(mtopt__chunk_table(NULL, 0, NULL, 64, NULL, NULL, NULL), 0);
+}
+END_TEST
+
+/* Tensors placed on the grid (mtopt__chunk_table_at): the first chunk ends
+ * at the first cell boundary, the others lie on cells, the last may be
+ * short; every element once, in order. Random lists and phases, and by hand. */
+START_TEST(test_phase) {
+  tu_rng_t rng;
+  tu_rng_init(&rng, tu_seed() ^ 0x9a5eu);
+  enum { N = 40 };
+  int64_t numel[N], phase[N], first[N], nch[N];
+  mtopt__chunk_rec_t ch[4 * N + 400];
+  for (int round = 0; round < 50; round++) {
+    const int64_t cs = tu_int(&rng, 1, 64);
+    for (int i = 0; i < N; i++) {
+      numel[i] = i % 7 == 3 ? 0 : tu_int(&rng, 1, 3 * cs + 2);
+      phase[i] = tu_int(&rng, 0, cs - 1);
+    }
+    const int64_t total = mtopt__chunk_table_at(numel, N, NULL, phase, cs, NULL, NULL, NULL);
+    ck_assert_int_le(total, (int64_t)(sizeof ch / sizeof *ch));
+    memset(ch, 0xA5, sizeof ch);
+    ck_assert_int_eq(mtopt__chunk_table_at(numel, N, NULL, phase, cs, first, nch, ch), total);
+    int64_t at = 0;
+    for (int i = 0; i < N; i++) {
+      ck_assert_int_eq(first[i], at);
+      int64_t covered = 0;
+      for (int64_t c = first[i]; c < first[i] + nch[i]; c++) {
+        ck_assert_int_eq(ch[c].tensor, i);
+        ck_assert_int_eq(ch[c].start, covered);
+        ck_assert_int_ge(ch[c].len, 1);
+        /* every chunk ends on a cell boundary, or at the tensor's end */
+        const int64_t end = phase[i] + ch[c].start + ch[c].len;
+        ck_assert(end % cs == 0 || ch[c].start + ch[c].len == numel[i]);
+        ck_assert_int_le(ch[c].len, cs);
+        covered += ch[c].len;
+      }
+      ck_assert_int_eq(covered, numel[i]);
+      at += nch[i];
+    }
+    ck_assert_int_eq(at, total);
+  }
+  /* 10 elements at phase 3 of cells of 4: [0,1) [1,5) [5,9) [9,10) */
+  const int64_t n10 = 10, p3 = 3, p0 = 0, p4 = 4;
+  ck_assert_int_eq(mtopt__chunk_table_at(&n10, 1, NULL, &p3, 4, first, nch, ch), 4);
+  ck_assert_int_eq(ch[1].start, 1);
+  ck_assert_int_eq(ch[1].len, 4);
+  ck_assert_int_eq(ch[3].len, 1);
+  ck_assert_int_eq(mtopt__chunk_table_at(&n10, 1, NULL, &p0, 4, NULL, NULL, NULL), 3);
+  ck_assert_int_eq(mtopt__chunk_table_at(&n10, 1, NULL, &p4, 4, NULL, NULL, NULL), -1);
 }
 END_TEST
 
@@ -402,6 +451,7 @@ Suite *plan_suite(void) {
   tcase_set_timeout(tc, 30);
   tcase_add_test(tc, test_edges);
   tcase_add_loop_test(tc, test_random_lists, 0, 10);
+  tcase_add_test(tc, test_phase);
   tcase_add_test(tc, test_huge_tensors);
   tcase_add_test(tc, test_overflow_and_bad_args);
   tcase_add_test(tc, test_aligned_offset);

@@ -5,31 +5,42 @@
  * contiguous chunk range), registration order without one. */
 #include "core.h"
 
-int64_t mtopt__chunk_table(const int64_t *numel, int64_t n, const int64_t *order,
-                           int64_t chunk_size, int64_t *first_chunk, int64_t *num_chunks,
-                           mtopt__chunk_rec_t *chunks) {
+int64_t mtopt__chunk_table_at(const int64_t *numel, int64_t n, const int64_t *order,
+                              const int64_t *phase, int64_t chunk_size, int64_t *first_chunk,
+                              int64_t *num_chunks, mtopt__chunk_rec_t *chunks) {
   if (chunk_size <= 0 || chunk_size > INT32_MAX || n < 0) return -1;
   int64_t total = 0;
   for (int64_t j = 0; j < n; j++) {
     const int64_t i = order ? order[j] : j;
-    if (numel[i] < 0) return -1;
-    /* Ceil division without overflow of numel + chunk_size. */
-    const int64_t k = numel[i] / chunk_size + (numel[i] % chunk_size != 0);
+    const int64_t ph = phase ? phase[i] : 0;
+    if (numel[i] < 0 || ph < 0 || ph >= chunk_size) return -1;
+    /* The tensor as elements [ph, ph + numel) of a grid of chunk_size cells:
+     * ceil division without overflow. */
+    const int64_t span = numel[i] > 0 ? numel[i] + ph : 0;
+    const int64_t k = span / chunk_size + (span % chunk_size != 0);
     if (first_chunk) first_chunk[i] = total;
     if (num_chunks) num_chunks[i] = k;
     if (chunks) {
       for (int64_t c = 0; c < k; c++) {
-        const int64_t start = c * chunk_size;
-        const int64_t rest = numel[i] - start;
+        const int64_t start = c == 0 ? 0 : c * chunk_size - ph;
+        const int64_t end = (c + 1) * chunk_size - ph < numel[i] ? (c + 1) * chunk_size - ph
+                                                                 : numel[i];
         chunks[total + c].start = start;
         chunks[total + c].tensor = (int32_t)i;
-        chunks[total + c].len = (int32_t)(rest < chunk_size ? rest : chunk_size);
+        chunks[total + c].len = (int32_t)(end - start);
       }
     }
     if (k > INT64_MAX - total) return -1;
     total += k;
   }
   return total;
+}
+
+int64_t mtopt__chunk_table(const int64_t *numel, int64_t n, const int64_t *order,
+                           int64_t chunk_size, int64_t *first_chunk, int64_t *num_chunks,
+                           mtopt__chunk_rec_t *chunks) {
+  return mtopt__chunk_table_at(numel, n, order, NULL, chunk_size, first_chunk, num_chunks,
+                               chunks);
 }
 
 /* A warp takes a chunk at a time on CUDA where chunks average under 4096

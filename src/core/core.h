@@ -94,6 +94,14 @@ MTOPT__HIDDEN int64_t mtopt__chunk_table(const int64_t *numel, int64_t n,
                                          int64_t *first_chunk, int64_t *num_chunks,
                                          mtopt__chunk_rec_t *chunks);
 
+/* As mtopt__chunk_table, with tensor i placed at element phase[i] (0 <=
+ * phase < chunk_size; NULL: 0) of a grid of chunk_size cells: its first
+ * chunk ends at the first cell boundary, the others lie on cells. */
+MTOPT__HIDDEN int64_t mtopt__chunk_table_at(const int64_t *numel, int64_t n,
+                                            const int64_t *order, const int64_t *phase,
+                                            int64_t chunk_size, int64_t *first_chunk,
+                                            int64_t *num_chunks, mtopt__chunk_rec_t *chunks);
+
 /* Segments (core/segments.c, where the rule is): the records of the
  * segments of recs[0..n-1] into segs (NULL: only count), each the record of
  * its first tensor with the segment's numel; returns their count. Empty
