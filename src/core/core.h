@@ -107,6 +107,14 @@ MTOPT__HIDDEN int64_t mtopt__chunk_table_at(const int64_t *numel, int64_t n,
  * its first tensor with the segment's numel; returns their count. Empty
  * tensors are in none. Pure, for the tests. */
 #define MTOPT__SEGMENT_TENSOR_MAX 65536
+/* A tensor that may be part of a segment: non-empty, under
+ * MTOPT__SEGMENT_TENSOR_MAX elements, every array F32, no masters. */
+static inline int mtopt__segment_member(int64_t numel, int param_dt, int grad_dt, int state_dt,
+                                        int master_mode) {
+  return numel > 0 && numel < MTOPT__SEGMENT_TENSOR_MAX && param_dt == MTOPT__DT_F32 &&
+         grad_dt == MTOPT__DT_F32 && state_dt == MTOPT__DT_F32 &&
+         master_mode == MTOPT__MASTER_NONE;
+}
 MTOPT__HIDDEN int64_t mtopt__segments(const mtopt__tensor_rec_t *recs, int64_t n,
                                       mtopt__tensor_rec_t *segs);
 /* Sets opt->update_plan: the segment plan (its tables allocated in

@@ -1,5 +1,6 @@
-/* Where the library's own arrays go: the state slab (moments or momentum
- * buffers, then master weights, one region per array) and one contiguous gradient
+/* Where the library's own arrays go: the state slab (each tensor's moments or
+ * momentum buffer and master weights; runs of small tensors array by array)
+ * and one contiguous gradient
  * buffer per gradient dtype (for tensors added with grad == NULL), and the
  * tensor records that point into them. One function both counts the bytes
  * (before allocation) and fills the records (after), so the two cannot
@@ -33,6 +34,26 @@ static int master_bytes(int mode) {
   return mode == MTOPT__MASTER_F32 ? 4 : mode == MTOPT__MASTER_REMAINDER ? 2 : 0;
 }
 
+/* Whether tensor d continues the run whose last tensor is p: both may join
+ * a segment (core/segments.c), in one group with the same flags, d's
+ * parameter right after p's and d's gradient right after p's (or both in the
+ * library's buffer, where consecutive tensors lie back to back). A run's
+ * state arrays lie back to back, array by array, so that the segments can
+ * step it as one; a tensor alone keeps its m, v and master side by side,
+ * which DRAM serves better on large tensors (ViT-H: 0.97 of a copy, 0.92
+ * with every tensor's m before every v; docs/perf_notes.md, v11). */
+static int run_continues(const mtopt_optimizer_config_t *c, const mtopt_tensor_desc_t *p,
+                         const mtopt_tensor_desc_t *d) {
+  const size_t pb = (size_t)p->numel * sizeof(float);
+  return mtopt__segment_member(p->numel, p->param_dtype, p->grad_dtype, c->state_dtype,
+                               mtopt__master_mode(c, p->param_dtype)) &&
+         mtopt__segment_member(d->numel, d->param_dtype, d->grad_dtype, c->state_dtype,
+                               mtopt__master_mode(c, d->param_dtype)) &&
+         d->group == p->group && d->flags == p->flags &&
+         (const char *)d->param == (const char *)p->param + pb &&
+         (d->grad ? p->grad && (const char *)d->grad == (const char *)p->grad + pb : !p->grad);
+}
+
 void mtopt__layout(const mtopt_tensor_list_t *list, const mtopt_optimizer_config_t *c,
                    int nstate, const int64_t *order, char *slab,
                    char *const grads[MTOPT__NUM_DTYPES], mtopt__tensor_rec_t *recs,
@@ -56,28 +77,37 @@ void mtopt__layout(const mtopt_tensor_list_t *list, const mtopt_optimizer_config
     r->sdt = (uint8_t)c->state_dtype;
     r->mmode = (uint8_t)mtopt__master_mode(c, d->param_dtype);
   }
-  /* The slab holds one region per array: every tensor's first state array,
-   * then every tensor's second, then the masters. Tensors whose parameters
-   * lie back to back so lie back to back in each state array too (each
-   * placement keeps the parameter's offset mod 16), which core/segments.c
-   * needs to step them as one. */
+  /* The slab, run by run (run_continues): a run's first state arrays back to
+   * back, then its second ones; a tensor alone: its m, v and master side by
+   * side. */
   int64_t soff = 0, goff[MTOPT__NUM_DTYPES] = {0, 0, 0};
-  for (int a = 0; a <= nstate; a++) { /* a == nstate: the masters */
-    for (int64_t j = 0; j < list->count; j++) {
-      const int64_t i = order ? order[j] : j;
-      const mtopt_tensor_desc_t *d = &list->items[i].desc;
-      const int eb = a < nstate ? se : master_bytes(mtopt__master_mode(c, d->param_dtype));
-      if (d->numel == 0 || eb == 0) continue;
-      soff = mtopt__place(soff, eb, d->param, mtopt__dt_size(d->param_dtype));
-      if (slab) {
-        char *p = slab + soff;
-        if (a == nstate) recs[i].mw = p;
-        else if (a == 0) recs[i].s0 = (float *)p;
-        else recs[i].s1 = (float *)p;
+#define DESC(j) (&list->items[order ? order[j] : (j)].desc)
+  for (int64_t j0 = 0, j1; j0 < list->count; j0 = j1) {
+    const mtopt_tensor_desc_t *last = DESC(j0);
+    for (j1 = j0 + 1; j1 < list->count; j1++) {
+      const mtopt_tensor_desc_t *d = DESC(j1);
+      if (d->numel == 0) continue; /* no state: in any run */
+      if (!run_continues(c, last, d)) break;
+      last = d;
+    }
+    for (int a = 0; a <= nstate; a++) { /* a == nstate: the masters */
+      for (int64_t j = j0; j < j1; j++) {
+        const int64_t i = order ? order[j] : j;
+        const mtopt_tensor_desc_t *d = DESC(j);
+        const int eb = a < nstate ? se : master_bytes(mtopt__master_mode(c, d->param_dtype));
+        if (d->numel == 0 || eb == 0) continue;
+        soff = mtopt__place(soff, eb, d->param, mtopt__dt_size(d->param_dtype));
+        if (slab) {
+          char *p = slab + soff;
+          if (a == nstate) recs[i].mw = p;
+          else if (a == 0) recs[i].s0 = (float *)p;
+          else recs[i].s1 = (float *)p;
+        }
+        soff += d->numel * eb;
       }
-      soff += d->numel * eb;
     }
   }
+#undef DESC
   for (int64_t j = 0; j < list->count; j++) {
     const int64_t i = order ? order[j] : j;
     const mtopt_tensor_desc_t *d = &list->items[i].desc;

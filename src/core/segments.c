@@ -24,8 +24,7 @@
 #include "core.h"
 
 static int small_f32(const mtopt__tensor_rec_t *t) {
-  return t->numel > 0 && t->numel < MTOPT__SEGMENT_TENSOR_MAX && t->wdt == MTOPT__DT_F32 &&
-         t->gdt == MTOPT__DT_F32 && t->sdt == MTOPT__DT_F32 && t->mmode == MTOPT__MASTER_NONE;
+  return mtopt__segment_member(t->numel, t->wdt, t->gdt, t->sdt, t->mmode);
 }
 
 /* The element after a segment's last in one of its arrays (NULL stays NULL). */
