@@ -7,6 +7,7 @@
  * loss scale, both chunk sizes, an lr change mid-run. LAMB and low-precision
  * tables keep their tensors. CPU backend; MTOPT_TEST_BACKEND=cuda runs it on
  * CUDA. */
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -181,9 +182,13 @@ static mtopt_optimizer_t *build(mtopt_context_t *ctx, const layout_t *L,
   return opt;
 }
 
-/* How many records the update pass steps. */
+/* How many records the update pass steps (get_info), checked against the
+ * plan's own. */
 static int64_t update_tensors(const mtopt_optimizer_t *opt) {
-  return opt->update_plan->num_tensors;
+  mtopt_optimizer_info_t info = MTOPT_OPTIMIZER_INFO_INIT;
+  TU_OK(mtopt_optimizer_get_info(opt, &info));
+  ck_assert_int_eq(info.update_tensors, opt->update_plan->num_tensors);
+  return info.update_tensors;
 }
 
 static void same(const float *a, const float *b, int64_t n, const char *what, int i, int step) {
@@ -273,6 +278,11 @@ START_TEST(test_packed_is_apart) {
    * the small tensors into runs, the large one stays alone. */
   ck_assert_ptr_eq(oa->update_plan, &oa->plan);
   ck_assert_int_eq(update_tensors(oa), NT);
+  mtopt_optimizer_info_t old = MTOPT_OPTIMIZER_INFO_INIT; /* an older caller's struct */
+  old.struct_size = offsetof(mtopt_optimizer_info_t, update_tensors);
+  old.update_tensors = -5;
+  TU_OK(mtopt_optimizer_get_info(op, &old));
+  ck_assert_int_eq(old.update_tensors, -5);
   ck_assert_int_eq(update_tensors(op), 9); /* 0-2 | 3,5 | 6 | 7-8 | 9-10 | 11 | 12-14 | 15 | 16.. */
   for (int step = 1; step <= STEPS; step++) {
     const float gs = cfg == 1 ? 1024.0f : 1.0f;
@@ -323,6 +333,16 @@ START_TEST(test_kept) {
   mtopt_tensor_list_t *l;
   mtopt_optimizer_t *o = build(ctx, &P, &c, &l);
   ck_assert_ptr_eq(o->update_plan, &o->plan);
+  TU_OK(mtopt_optimizer_destroy(o));
+  TU_OK(mtopt_tensor_list_destroy(l));
+  /* gradients in the library's buffer: back to back there too */
+  TU_OK(mtopt_tensor_list_create(ctx, &l));
+  for (int i = 0; i < 4; i++)
+    TU_OK(mtopt_tensor_list_add_f32(l, P.w[0] + 37 * i, NULL, 37, 0u, NULL));
+  c.kind = MTOPT_OPTIMIZER_SGD;
+  c.momentum = 0.9f;
+  TU_OK(mtopt_optimizer_create(ctx, l, &c, &o));
+  ck_assert_int_eq(update_tensors(o), 1);
   TU_OK(mtopt_optimizer_destroy(o));
   TU_OK(mtopt_tensor_list_destroy(l));
   /* the same bytes as BF16 parameters: twice as many elements, back to back */

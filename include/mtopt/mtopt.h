@@ -487,9 +487,13 @@ typedef struct {
   int64_t state_bytes;
   int launches_per_step;
   int bytes_per_param; /* memory traffic of one step, fp32, counted in docs/ */
+  /* Tensor records the update pass steps: num_tensors, or fewer where runs
+   * of small tensors that lie back to back step as one (docs/optimizers.md,
+   * "Segments"). Since 0.3. */
+  int64_t update_tensors;
 } mtopt_optimizer_info_t;
 
-#define MTOPT_OPTIMIZER_INFO_INIT {sizeof(mtopt_optimizer_info_t), 0, 0, 0, 0, 0, 0, 0}
+#define MTOPT_OPTIMIZER_INFO_INIT {sizeof(mtopt_optimizer_info_t), 0, 0, 0, 0, 0, 0, 0, 0}
 
 MTOPT_API mtopt_status_t mtopt_optimizer_get_info(const mtopt_optimizer_t *opt,
                                                   mtopt_optimizer_info_t *info);

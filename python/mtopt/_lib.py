@@ -169,6 +169,7 @@ class OptimizerInfoStruct(ctypes.Structure):
         ("state_bytes", ctypes.c_int64),
         ("launches_per_step", ctypes.c_int),
         ("bytes_per_param", ctypes.c_int),
+        ("update_tensors", ctypes.c_int64),
     ]
 
 

@@ -41,7 +41,7 @@ static int master_bytes(int mode) {
  * state arrays lie back to back, array by array, so that the segments can
  * step it as one; a tensor alone keeps its m, v and master side by side,
  * which DRAM serves better on large tensors (ViT-H: 0.97 of a copy, 0.92
- * with every tensor's m before every v; docs/perf_notes.md, v11). */
+ * with every tensor's m before every v; docs/perf_notes_small.md, v11). */
 static int run_continues(const mtopt_optimizer_config_t *c, const mtopt_tensor_desc_t *p,
                          const mtopt_tensor_desc_t *d) {
   const size_t pb = (size_t)p->numel * sizeof(float);

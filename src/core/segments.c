@@ -5,7 +5,7 @@
  * on the hyperparameters, the group and the flags, so every bit is the same;
  * what changes is the chunk table: long contiguous chunks where there were
  * one or a few short ones per tensor. DRAM serves those at the large-tensor
- * rate (docs/perf_notes.md, v10: the same bytes ran at 0.79 of a copy as
+ * rate (docs/perf_notes_small.md, v10: the same bytes ran at 0.79 of a copy as
  * 100,000 mixed-size tensors, 0.94 as flat runs).
  *
  * The rest keeps the registered tensors: the statistics pass (its norm is a
@@ -16,8 +16,8 @@
  * distributed layer's optimizers (their chunk ranges are buckets). Tensors of
  * MTOPT__SEGMENT_TENSOR_MAX elements or more stay alone: they already run at
  * the large-tensor rate, and one tensor of a whole model's elements ran
- * slower than the model's own table (ViT-H: 0.924 of a copy against 0.974,
- * docs/perf_notes.md). */
+ * slower than the model's own table (ViT-H: 0.924 of a copy against 0.974;
+ * docs/perf_notes_small.md, v11). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -95,7 +95,7 @@ mtopt_status_t mtopt__update_plan(mtopt_optimizer_t *opt, int64_t chunk_size) {
   /* Chunks on the grid of chunk_size elements of the weights' addresses, so
    * that the blocks' slices (CUDA) start on aligned stretches: 100 runs of
    * tiny-50k's tensors cut from their own starts ran at 0.81 of a copy, on
-   * the grid at 0.92 (docs/perf_notes.md, v11). A table too large for the
+   * the grid at 0.92 (docs/perf_notes_small.md, v11). A table too large for the
    * kernels' grid keeps the tensors. */
   for (int64_t k = 0; k < nseg; k++)
     phase[k] = (int64_t)((uintptr_t)segs[k].w / sizeof(float) % (uintptr_t)chunk_size);
