@@ -240,6 +240,32 @@ def test_hyperparams_and_step_info():
     assert len(opt.tensors) == len(params)
 
 
+def test_packed_views_step_as_one():
+    """Views of one flat buffer are back to back: the update steps them as
+    one segment, with the same weights as the same tensors apart."""
+    rng = np.random.default_rng(7)
+    sizes = [5, 130, 1, 77, 4096]
+    flat_w = rng.uniform(-1, 1, sum(sizes)).astype(np.float32)
+    flat_g = np.empty_like(flat_w)
+    cuts = np.cumsum([0] + sizes)
+    pw = [flat_w[a:b] for a, b in zip(cuts[:-1], cuts[1:])]
+    pg = [flat_g[a:b] for a, b in zip(cuts[:-1], cuts[1:])]
+    aw = [w.copy() for w in pw]
+    ag = [np.empty_like(w) for w in pw]
+    packed = mtopt.from_numpy(pw, pg, kind="adamw", lr=1e-2)
+    apart = mtopt.from_numpy(aw, ag, kind="adamw", lr=1e-2)
+    assert packed.info()["update_tensors"] == 1
+    assert apart.info()["update_tensors"] == len(sizes)
+    for _ in range(3):
+        flat_g[:] = rng.uniform(-1, 1, flat_g.size)
+        for g, a in zip(pg, ag):
+            a[:] = g
+        packed.step()
+        apart.step()
+    for w, a in zip(pw, aw):
+        assert np.array_equal(w.view(np.uint32), a.view(np.uint32))
+
+
 def test_library_owned_gradients():
     params, _ = make_tensors(6)
     opt = mtopt.from_numpy(params, None, kind="sgd", lr=0.5, weight_decay=0.0)
