@@ -4,15 +4,18 @@
  * same 16-byte residue (which do not): weights, state and the gradient norm
  * bit for bit after every step, for AdamW, Adam and SGD with groups, no-decay
  * tensors, empty tensors, a large tensor amid small ones, clipping and a
- * loss scale, both chunk sizes, an lr change mid-run. LAMB and low-precision
- * tables keep their tensors. CPU backend; MTOPT_TEST_BACKEND=cuda runs it on
- * CUDA. */
+ * loss scale, both chunk sizes, an lr change mid-run; on CUDA also from a
+ * captured graph. LAMB and low-precision tables keep their tensors. CPU
+ * backend; MTOPT_TEST_BACKEND=cuda runs it on CUDA. */
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/core.h"
 #include "test_util.h"
+#ifdef MTOPT_HAVE_CUDA
+#include "mtopt/mtopt_cuda.h"
+#endif
 
 /* ------------------------------------------------------------- the rule -- */
 
@@ -221,23 +224,20 @@ static void compare(mtopt_optimizer_t *op, const layout_t *P, mtopt_optimizer_t 
   }
 }
 
-/* _i: config (6) x chunk size (auto, 700). */
-START_TEST(test_packed_is_apart) {
-  const int cfg = _i % 6;
-  const int64_t chunk = _i / 6 ? 700 : 0;
-  const mtopt_backend_t be = tu_backend();
-  tu_rng_t rng;
-  tu_rng_init(&rng, tu_seed() ^ (0x5e6u + (uint64_t)_i));
-  mtopt_context_t *ctx = tu_context(be);
+/* Config k (0..5): AdamW, AdamW with clipping and a dynamic loss scale (a
+ * statistics pass first), Adam, SGD with momentum and dampening, Nesterov SGD
+ * with clipping, plain SGD; its state buffers. */
+static mtopt_optimizer_config_t config_of(int k, int64_t chunk, int *nstate,
+                                          mtopt_state_t *s0) {
   mtopt_optimizer_config_t c = MTOPT_OPTIMIZER_CONFIG_INIT;
   c.chunk_size = chunk;
   c.lr = 1e-2f;
   c.weight_decay = 0.1f;
-  int nstate = 2;
-  mtopt_state_t s0 = MTOPT_STATE_EXP_AVG;
-  switch (cfg) {
+  *nstate = 2;
+  *s0 = MTOPT_STATE_EXP_AVG;
+  switch (k) {
   case 0: c.kind = MTOPT_OPTIMIZER_ADAMW; break;
-  case 1: /* clipping and a dynamic loss scale: a statistics pass first */
+  case 1:
     c.kind = MTOPT_OPTIMIZER_ADAMW;
     c.max_grad_norm = 0.5f;
     c.loss_scale = 1024.0f;
@@ -248,19 +248,46 @@ START_TEST(test_packed_is_apart) {
     c.kind = MTOPT_OPTIMIZER_SGD;
     c.momentum = 0.9f;
     c.dampening = 0.1f;
-    nstate = 1;
-    s0 = MTOPT_STATE_MOMENTUM;
+    *nstate = 1;
+    *s0 = MTOPT_STATE_MOMENTUM;
     break;
   case 4:
     c.kind = MTOPT_OPTIMIZER_SGD;
     c.momentum = 0.8f;
     c.nesterov = 1;
     c.max_grad_norm = 1.0f;
-    nstate = 1;
-    s0 = MTOPT_STATE_MOMENTUM;
+    *nstate = 1;
+    *s0 = MTOPT_STATE_MOMENTUM;
     break;
-  default: c.kind = MTOPT_OPTIMIZER_SGD; nstate = 0; break;
+  default: c.kind = MTOPT_OPTIMIZER_SGD; *nstate = 0; break;
   }
+  return c;
+}
+
+/* The two optimizers' step counts, norms and loss scales agree. */
+static void same_info(mtopt_optimizer_t *op, mtopt_optimizer_t *oa, int step) {
+  mtopt_step_info_t ip = MTOPT_STEP_INFO_INIT, ia = MTOPT_STEP_INFO_INIT;
+  TU_OK(mtopt_optimizer_get_step_info(op, &ip));
+  TU_OK(mtopt_optimizer_get_step_info(oa, &ia));
+  ck_assert_int_eq(ip.step, step);
+  ck_assert_int_eq(ip.step, ia.step);
+  ck_assert_msg(memcmp(&ip.last_grad_norm, &ia.last_grad_norm, sizeof(float)) == 0 &&
+                    ip.loss_scale == ia.loss_scale,
+                "step %d: norm %a vs %a", step, (double)ip.last_grad_norm,
+                (double)ia.last_grad_norm);
+}
+
+/* _i: config (6) x chunk size (auto, 700). */
+START_TEST(test_packed_is_apart) {
+  const int cfg = _i % 6;
+  const int64_t chunk = _i / 6 ? 700 : 0;
+  const mtopt_backend_t be = tu_backend();
+  tu_rng_t rng;
+  tu_rng_init(&rng, tu_seed() ^ (0x5e6u + (uint64_t)_i));
+  mtopt_context_t *ctx = tu_context(be);
+  int nstate;
+  mtopt_state_t s0;
+  const mtopt_optimizer_config_t c = config_of(cfg, chunk, &nstate, &s0);
   int64_t numel[NT], total = 0;
   sizes(&rng, numel);
   for (int i = 0; i < NT; i++) total += numel[i];
@@ -296,15 +323,7 @@ START_TEST(test_packed_is_apart) {
     TU_OK(mtopt_optimizer_step(op));
     TU_OK(mtopt_optimizer_step(oa));
     compare(op, &P, oa, &A, nstate, s0, step);
-    mtopt_step_info_t ip = MTOPT_STEP_INFO_INIT, ia = MTOPT_STEP_INFO_INIT;
-    TU_OK(mtopt_optimizer_get_step_info(op, &ip));
-    TU_OK(mtopt_optimizer_get_step_info(oa, &ia));
-    ck_assert_int_eq(ip.step, step);
-    ck_assert_int_eq(ip.step, ia.step);
-    ck_assert_msg(memcmp(&ip.last_grad_norm, &ia.last_grad_norm, sizeof(float)) == 0 &&
-                      ip.loss_scale == ia.loss_scale,
-                  "step %d: norm %a vs %a", step, (double)ip.last_grad_norm,
-                  (double)ia.last_grad_norm);
+    same_info(op, oa, step);
   }
   TU_OK(mtopt_optimizer_destroy(op));
   TU_OK(mtopt_optimizer_destroy(oa));
@@ -317,6 +336,73 @@ START_TEST(test_packed_is_apart) {
   TU_OK(mtopt_context_destroy(ctx));
 }
 END_TEST
+
+#ifdef MTOPT_HAVE_CUDA
+/* CUDA: the packed optimizer's step (statistics pass, then the segments'
+ * update) captured in a graph on a user stream and replayed, the lr changed
+ * between replays, equals plain steps of the same tensors apart, bit for
+ * bit. The stream is a blocking one, so that the test's copies (the legacy
+ * default stream) are ordered with it. */
+START_TEST(test_graph) {
+  const mtopt_backend_t be = tu_backend();
+  if (be != MTOPT_BACKEND_CUDA) return;
+  tu_rng_t rng;
+  tu_rng_init(&rng, tu_seed() ^ 0x62a9u);
+  cudaStream_t stream;
+  TU_CUDA(cudaStreamCreate(&stream));
+  mtopt_context_t *cg = tu_context(be), *ca = tu_context(be);
+  TU_OK(mtopt_cuda_context_set_stream(cg, stream));
+  int nstate;
+  mtopt_state_t s0;
+  const mtopt_optimizer_config_t c = config_of(1, 0, &nstate, &s0);
+  int64_t numel[NT], total = 0;
+  sizes(&rng, numel);
+  for (int i = 0; i < NT; i++) total += numel[i];
+  layout_t P, A;
+  make_layout(&P, be, numel, 3, 1);
+  make_layout(&A, be, numel, 3, 0);
+  float *w = malloc((size_t)total * 4), *g = malloc((size_t)total * 4);
+  tu_fill(&rng, w, total, -2.0f, 2.0f);
+  put(&P, P.w, w);
+  put(&A, A.w, w);
+  mtopt_tensor_list_t *lp, *la;
+  mtopt_optimizer_t *op = build(cg, &P, &c, &lp), *oa = build(ca, &A, &c, &la);
+  ck_assert_int_eq(update_tensors(op), 9);
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  TU_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  TU_OK(mtopt_optimizer_step(op));
+  TU_CUDA(cudaStreamEndCapture(stream, &graph));
+  TU_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  for (int step = 1; step <= STEPS; step++) {
+    tu_fill(&rng, g, total, -1024.0f, 1024.0f);
+    put(&P, P.g, g);
+    put(&A, A.g, g);
+    const float lr = 1e-2f * (float)(1.0 + 0.4 * step);
+    TU_OK(mtopt_optimizer_set_lr(op, lr)); /* between replays, in stream order */
+    TU_OK(mtopt_optimizer_set_lr(oa, lr));
+    TU_CUDA(cudaGraphLaunch(exec, stream));
+    TU_OK(mtopt_optimizer_step(oa));
+    TU_CUDA(cudaStreamSynchronize(stream));
+    compare(op, &P, oa, &A, nstate, s0, step);
+    same_info(op, oa, step);
+  }
+  TU_CUDA(cudaGraphExecDestroy(exec));
+  TU_CUDA(cudaGraphDestroy(graph));
+  TU_OK(mtopt_optimizer_destroy(op));
+  TU_OK(mtopt_optimizer_destroy(oa));
+  TU_OK(mtopt_tensor_list_destroy(lp));
+  TU_OK(mtopt_tensor_list_destroy(la));
+  free_layout(&P);
+  free_layout(&A);
+  free(w);
+  free(g);
+  TU_OK(mtopt_context_destroy(cg));
+  TU_OK(mtopt_context_destroy(ca));
+  TU_CUDA(cudaStreamDestroy(stream));
+}
+END_TEST
+#endif
 
 /* LAMB (a trust ratio per tensor) and BF16 parameters keep their tensors. */
 START_TEST(test_kept) {
@@ -374,6 +460,9 @@ int main(void) {
   tcase_add_test(tc, test_rule);
   tcase_add_loop_test(tc, test_packed_is_apart, 0, 12);
   tcase_add_test(tc, test_kept);
+#ifdef MTOPT_HAVE_CUDA
+  tcase_add_test(tc, test_graph);
+#endif
   suite_add_tcase(s, tc);
   return tu_main(s);
 }
