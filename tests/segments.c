@@ -277,62 +277,85 @@ static void same_info(mtopt_optimizer_t *op, mtopt_optimizer_t *oa, int step) {
                 (double)ia.last_grad_norm);
 }
 
+/* The same tensors packed (P, in context cp) and apart (A, in ca), the same
+ * random weights, an optimizer over each; w and g are host staging. */
+typedef struct {
+  layout_t P, A;
+  mtopt_tensor_list_t *lp, *la;
+  mtopt_optimizer_t *op, *oa;
+  float *w, *g;
+  int64_t total;
+} pair_t;
+
+static void pair_open(pair_t *x, tu_rng_t *rng, mtopt_backend_t be, mtopt_context_t *cp,
+                      mtopt_context_t *ca, const mtopt_optimizer_config_t *c, int skew) {
+  int64_t numel[NT];
+  sizes(rng, numel);
+  x->total = 0;
+  for (int i = 0; i < NT; i++) x->total += numel[i];
+  make_layout(&x->P, be, numel, skew, 1);
+  make_layout(&x->A, be, numel, skew, 0);
+  x->w = malloc((size_t)x->total * 4);
+  x->g = malloc((size_t)x->total * 4);
+  tu_fill(rng, x->w, x->total, -2.0f, 2.0f);
+  put(&x->P, x->P.w, x->w);
+  put(&x->A, x->A.w, x->w);
+  x->op = build(cp, &x->P, c, &x->lp);
+  x->oa = build(ca, &x->A, c, &x->la);
+  /* Apart, nothing merges; packed, the groups and the no-decay tensors cut
+   * the small tensors into runs, the large one stays alone. */
+  ck_assert_ptr_eq(x->oa->update_plan, &x->oa->plan);
+  ck_assert_int_eq(update_tensors(x->oa), NT);
+  ck_assert_int_eq(update_tensors(x->op), 9); /* 0-2 | 3,5 | 6 | 7-8 | 9-10 | 11 | 12-14 | 15 | 16.. */
+}
+
+/* Fresh gradients in [-scale, scale) into both. */
+static void pair_grads(pair_t *x, tu_rng_t *rng, float scale) {
+  tu_fill(rng, x->g, x->total, -scale, scale);
+  put(&x->P, x->P.g, x->g);
+  put(&x->A, x->A.g, x->g);
+}
+
+static void pair_close(pair_t *x) {
+  TU_OK(mtopt_optimizer_destroy(x->op));
+  TU_OK(mtopt_optimizer_destroy(x->oa));
+  TU_OK(mtopt_tensor_list_destroy(x->lp));
+  TU_OK(mtopt_tensor_list_destroy(x->la));
+  free_layout(&x->P);
+  free_layout(&x->A);
+  free(x->w);
+  free(x->g);
+}
+
 /* _i: config (6) x chunk size (auto, 700). */
 START_TEST(test_packed_is_apart) {
   const int cfg = _i % 6;
-  const int64_t chunk = _i / 6 ? 700 : 0;
   const mtopt_backend_t be = tu_backend();
   tu_rng_t rng;
   tu_rng_init(&rng, tu_seed() ^ (0x5e6u + (uint64_t)_i));
   mtopt_context_t *ctx = tu_context(be);
   int nstate;
   mtopt_state_t s0;
-  const mtopt_optimizer_config_t c = config_of(cfg, chunk, &nstate, &s0);
-  int64_t numel[NT], total = 0;
-  sizes(&rng, numel);
-  for (int i = 0; i < NT; i++) total += numel[i];
-  layout_t P, A;
-  const int skew = (int)tu_int(&rng, 0, 3);
-  make_layout(&P, be, numel, skew, 1);
-  make_layout(&A, be, numel, skew, 0);
-  float *w = malloc((size_t)total * 4), *g = malloc((size_t)total * 4);
-  tu_fill(&rng, w, total, -2.0f, 2.0f);
-  put(&P, P.w, w);
-  put(&A, A.w, w);
-  mtopt_tensor_list_t *lp, *la;
-  mtopt_optimizer_t *op = build(ctx, &P, &c, &lp), *oa = build(ctx, &A, &c, &la);
-  /* Apart, nothing merges; packed, the groups and the no-decay tensors cut
-   * the small tensors into runs, the large one stays alone. */
-  ck_assert_ptr_eq(oa->update_plan, &oa->plan);
-  ck_assert_int_eq(update_tensors(oa), NT);
+  const mtopt_optimizer_config_t c = config_of(cfg, _i / 6 ? 700 : 0, &nstate, &s0);
+  pair_t x;
+  pair_open(&x, &rng, be, ctx, ctx, &c, (int)tu_int(&rng, 0, 3));
   mtopt_optimizer_info_t old = MTOPT_OPTIMIZER_INFO_INIT; /* an older caller's struct */
   old.struct_size = offsetof(mtopt_optimizer_info_t, update_tensors);
   old.update_tensors = -5;
-  TU_OK(mtopt_optimizer_get_info(op, &old));
+  TU_OK(mtopt_optimizer_get_info(x.op, &old));
   ck_assert_int_eq(old.update_tensors, -5);
-  ck_assert_int_eq(update_tensors(op), 9); /* 0-2 | 3,5 | 6 | 7-8 | 9-10 | 11 | 12-14 | 15 | 16.. */
   for (int step = 1; step <= STEPS; step++) {
-    const float gs = cfg == 1 ? 1024.0f : 1.0f;
-    tu_fill(&rng, g, total, -gs, gs);
-    put(&P, P.g, g);
-    put(&A, A.g, g);
+    pair_grads(&x, &rng, cfg == 1 ? 1024.0f : 1.0f);
     if (step == 3) {
-      TU_OK(mtopt_optimizer_set_lr(op, 3e-3f));
-      TU_OK(mtopt_optimizer_set_lr(oa, 3e-3f));
+      TU_OK(mtopt_optimizer_set_lr(x.op, 3e-3f));
+      TU_OK(mtopt_optimizer_set_lr(x.oa, 3e-3f));
     }
-    TU_OK(mtopt_optimizer_step(op));
-    TU_OK(mtopt_optimizer_step(oa));
-    compare(op, &P, oa, &A, nstate, s0, step);
-    same_info(op, oa, step);
+    TU_OK(mtopt_optimizer_step(x.op));
+    TU_OK(mtopt_optimizer_step(x.oa));
+    compare(x.op, &x.P, x.oa, &x.A, nstate, s0, step);
+    same_info(x.op, x.oa, step);
   }
-  TU_OK(mtopt_optimizer_destroy(op));
-  TU_OK(mtopt_optimizer_destroy(oa));
-  TU_OK(mtopt_tensor_list_destroy(lp));
-  TU_OK(mtopt_tensor_list_destroy(la));
-  free_layout(&P);
-  free_layout(&A);
-  free(w);
-  free(g);
+  pair_close(&x);
   TU_OK(mtopt_context_destroy(ctx));
 }
 END_TEST
@@ -355,48 +378,28 @@ START_TEST(test_graph) {
   int nstate;
   mtopt_state_t s0;
   const mtopt_optimizer_config_t c = config_of(1, 0, &nstate, &s0);
-  int64_t numel[NT], total = 0;
-  sizes(&rng, numel);
-  for (int i = 0; i < NT; i++) total += numel[i];
-  layout_t P, A;
-  make_layout(&P, be, numel, 3, 1);
-  make_layout(&A, be, numel, 3, 0);
-  float *w = malloc((size_t)total * 4), *g = malloc((size_t)total * 4);
-  tu_fill(&rng, w, total, -2.0f, 2.0f);
-  put(&P, P.w, w);
-  put(&A, A.w, w);
-  mtopt_tensor_list_t *lp, *la;
-  mtopt_optimizer_t *op = build(cg, &P, &c, &lp), *oa = build(ca, &A, &c, &la);
-  ck_assert_int_eq(update_tensors(op), 9);
+  pair_t x;
+  pair_open(&x, &rng, be, cg, ca, &c, 3);
   cudaGraph_t graph;
   cudaGraphExec_t exec;
   TU_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  TU_OK(mtopt_optimizer_step(op));
+  TU_OK(mtopt_optimizer_step(x.op));
   TU_CUDA(cudaStreamEndCapture(stream, &graph));
   TU_CUDA(cudaGraphInstantiate(&exec, graph, 0));
   for (int step = 1; step <= STEPS; step++) {
-    tu_fill(&rng, g, total, -1024.0f, 1024.0f);
-    put(&P, P.g, g);
-    put(&A, A.g, g);
+    pair_grads(&x, &rng, 1024.0f);
     const float lr = 1e-2f * (float)(1.0 + 0.4 * step);
-    TU_OK(mtopt_optimizer_set_lr(op, lr)); /* between replays, in stream order */
-    TU_OK(mtopt_optimizer_set_lr(oa, lr));
+    TU_OK(mtopt_optimizer_set_lr(x.op, lr)); /* between replays, in stream order */
+    TU_OK(mtopt_optimizer_set_lr(x.oa, lr));
     TU_CUDA(cudaGraphLaunch(exec, stream));
-    TU_OK(mtopt_optimizer_step(oa));
+    TU_OK(mtopt_optimizer_step(x.oa));
     TU_CUDA(cudaStreamSynchronize(stream));
-    compare(op, &P, oa, &A, nstate, s0, step);
-    same_info(op, oa, step);
+    compare(x.op, &x.P, x.oa, &x.A, nstate, s0, step);
+    same_info(x.op, x.oa, step);
   }
   TU_CUDA(cudaGraphExecDestroy(exec));
   TU_CUDA(cudaGraphDestroy(graph));
-  TU_OK(mtopt_optimizer_destroy(op));
-  TU_OK(mtopt_optimizer_destroy(oa));
-  TU_OK(mtopt_tensor_list_destroy(lp));
-  TU_OK(mtopt_tensor_list_destroy(la));
-  free_layout(&P);
-  free_layout(&A);
-  free(w);
-  free(g);
+  pair_close(&x);
   TU_OK(mtopt_context_destroy(cg));
   TU_OK(mtopt_context_destroy(ca));
   TU_CUDA(cudaStreamDestroy(stream));
