@@ -19,15 +19,15 @@
 
 /* ------------------------------------------------------------- the rule -- */
 
-static float arena[1 << 18];
+static float arena[4 << 17]; /* four arrays of 2^17 elements */
 
 static mtopt__tensor_rec_t rec(int64_t at, int64_t numel) {
   mtopt__tensor_rec_t r;
   memset(&r, 0, sizeof r);
   r.w = arena + at;
-  r.g = arena + (1 << 16) + at;
-  r.s0 = arena + (2 << 16) + at;
-  r.s1 = arena + (3 << 16) + at;
+  r.g = arena + (1 << 17) + at;
+  r.s0 = arena + (2 << 17) + at;
+  r.s1 = arena + (3 << 17) + at;
   r.numel = numel;
   return r;
 }
@@ -110,7 +110,7 @@ typedef struct {
   mtopt_backend_t be;
   int64_t numel[NT];
   int64_t off[NT];    /* packed: element offsets in one buffer */
-  float *w[NT], *g[NT]; /* the tensors' starts */
+  float *w[NT], *g[NT]; /* the tensors' starts (g NULL: library-owned) */
   void *mem[2 * NT];  /* the allocations */
   int nmem;
 } layout_t;
@@ -124,9 +124,11 @@ static void sizes(tu_rng_t *rng, int64_t *numel) {
 }
 
 /* packed: w and g each one buffer, `skew` floats in, tensors back to back;
- * apart: each tensor its own allocation at the packed start's residue. */
+ * apart: each tensor its own allocation at the packed start's residue.
+ * gmode 0: g at w's residue; 1: one element further (the scalar path on
+ * CUDA); 2: no g, the library's buffer. */
 static void make_layout(layout_t *L, mtopt_backend_t be, const int64_t *numel, int skew,
-                        int packed) {
+                        int packed, int gmode) {
   memset(L, 0, sizeof *L);
   L->be = be;
   int64_t at = skew;
@@ -135,24 +137,25 @@ static void make_layout(layout_t *L, mtopt_backend_t be, const int64_t *numel, i
     L->off[i] = at;
     at += numel[i];
   }
+  const int gs = gmode == 1; /* g's shift */
   if (packed) {
-    float *w = tu_alloc(be, (size_t)at * 4), *g = tu_alloc(be, (size_t)at * 4);
+    float *w = tu_alloc(be, (size_t)at * 4), *g = tu_alloc(be, (size_t)(at + 1) * 4);
     L->mem[L->nmem++] = w;
     L->mem[L->nmem++] = g;
     for (int i = 0; i < NT; i++) {
       L->w[i] = w + L->off[i];
-      L->g[i] = g + L->off[i];
+      L->g[i] = gmode == 2 ? NULL : g + gs + L->off[i];
     }
     return;
   }
   for (int i = 0; i < NT; i++) {
     const int64_t r = L->off[i] % 4; /* tu_alloc is 256-byte aligned */
     float *w = tu_alloc(be, (size_t)(r + numel[i] + 1) * 4);
-    float *g = tu_alloc(be, (size_t)(r + numel[i] + 1) * 4);
+    float *g = tu_alloc(be, (size_t)(r + numel[i] + 2) * 4);
     L->mem[L->nmem++] = w;
     L->mem[L->nmem++] = g;
     L->w[i] = w + r;
-    L->g[i] = g + r;
+    L->g[i] = gmode == 2 ? NULL : g + gs + r;
   }
 }
 
@@ -174,7 +177,7 @@ static mtopt_optimizer_t *build(mtopt_context_t *ctx, const layout_t *L,
   for (int i = 0; i < NT; i++) {
     mtopt_tensor_desc_t d = MTOPT_TENSOR_DESC_INIT;
     d.param = L->w[i];
-    d.grad = L->g[i];
+    d.grad = L->g[i]; /* NULL: library-owned */
     d.numel = L->numel[i];
     d.group = i < 3 ? 0 : i < 9 ? 1 : 2;
     d.flags = i == 6 || i == 15 ? MTOPT_TENSOR_NO_WEIGHT_DECAY : 0u;
@@ -288,13 +291,14 @@ typedef struct {
 } pair_t;
 
 static void pair_open(pair_t *x, tu_rng_t *rng, mtopt_backend_t be, mtopt_context_t *cp,
-                      mtopt_context_t *ca, const mtopt_optimizer_config_t *c, int skew) {
+                      mtopt_context_t *ca, const mtopt_optimizer_config_t *c, int skew,
+                      int gmode) {
   int64_t numel[NT];
   sizes(rng, numel);
   x->total = 0;
   for (int i = 0; i < NT; i++) x->total += numel[i];
-  make_layout(&x->P, be, numel, skew, 1);
-  make_layout(&x->A, be, numel, skew, 0);
+  make_layout(&x->P, be, numel, skew, 1, gmode);
+  make_layout(&x->A, be, numel, skew, 0, gmode);
   x->w = malloc((size_t)x->total * 4);
   x->g = malloc((size_t)x->total * 4);
   tu_fill(rng, x->w, x->total, -2.0f, 2.0f);
@@ -309,11 +313,22 @@ static void pair_open(pair_t *x, tu_rng_t *rng, mtopt_backend_t be, mtopt_contex
   ck_assert_int_eq(update_tensors(x->op), 9); /* 0-2 | 3,5 | 6 | 7-8 | 9-10 | 11 | 12-14 | 15 | 16.. */
 }
 
+/* The gradient arrays of a side: its own, or the library's. */
+static void grad_ptrs(const layout_t *L, mtopt_optimizer_t *o, float **g) {
+  for (int i = 0; i < NT; i++) {
+    g[i] = L->g[i];
+    if (!g[i] && L->numel[i]) TU_OK(mtopt_optimizer_get_grad(o, i, (void **)&g[i]));
+  }
+}
+
 /* Fresh gradients in [-scale, scale) into both. */
 static void pair_grads(pair_t *x, tu_rng_t *rng, float scale) {
+  float *gp[NT], *ga[NT];
+  grad_ptrs(&x->P, x->op, gp);
+  grad_ptrs(&x->A, x->oa, ga);
   tu_fill(rng, x->g, x->total, -scale, scale);
-  put(&x->P, x->P.g, x->g);
-  put(&x->A, x->A.g, x->g);
+  put(&x->P, gp, x->g);
+  put(&x->A, ga, x->g);
 }
 
 static void pair_close(pair_t *x) {
@@ -327,7 +342,7 @@ static void pair_close(pair_t *x) {
   free(x->g);
 }
 
-/* _i: config (6) x chunk size (auto, 700). */
+/* _i: config (6) x chunk size (auto, 700) x gradients (make_layout's gmode). */
 START_TEST(test_packed_is_apart) {
   const int cfg = _i % 6;
   const mtopt_backend_t be = tu_backend();
@@ -336,9 +351,9 @@ START_TEST(test_packed_is_apart) {
   mtopt_context_t *ctx = tu_context(be);
   int nstate;
   mtopt_state_t s0;
-  const mtopt_optimizer_config_t c = config_of(cfg, _i / 6 ? 700 : 0, &nstate, &s0);
+  const mtopt_optimizer_config_t c = config_of(cfg, (_i / 6) % 2 ? 700 : 0, &nstate, &s0);
   pair_t x;
-  pair_open(&x, &rng, be, ctx, ctx, &c, (int)tu_int(&rng, 0, 3));
+  pair_open(&x, &rng, be, ctx, ctx, &c, (int)tu_int(&rng, 0, 3), _i / 12);
   mtopt_optimizer_info_t old = MTOPT_OPTIMIZER_INFO_INIT; /* an older caller's struct */
   old.struct_size = offsetof(mtopt_optimizer_info_t, update_tensors);
   old.update_tensors = -5;
@@ -379,7 +394,7 @@ START_TEST(test_graph) {
   mtopt_state_t s0;
   const mtopt_optimizer_config_t c = config_of(1, 0, &nstate, &s0);
   pair_t x;
-  pair_open(&x, &rng, be, cg, ca, &c, 3);
+  pair_open(&x, &rng, be, cg, ca, &c, 3, 0);
   cudaGraph_t graph;
   cudaGraphExec_t exec;
   TU_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
@@ -407,7 +422,20 @@ START_TEST(test_graph) {
 END_TEST
 #endif
 
-/* LAMB (a trust ratio per tensor) and BF16 parameters keep their tensors. */
+/* Tensor i's m and v lie side by side (at most the 16-byte placement apart):
+ * the layout made no runs. */
+static void side_by_side(mtopt_optimizer_t *o, int64_t i, int64_t numel, int esize) {
+  void *m = NULL, *v = NULL;
+  TU_OK(mtopt_optimizer_get_state(o, i, MTOPT_STATE_EXP_AVG, &m));
+  TU_OK(mtopt_optimizer_get_state(o, i, MTOPT_STATE_EXP_AVG_SQ, &v));
+  const ptrdiff_t d = (char *)v - (char *)m;
+  ck_assert_msg(d >= numel * esize && d < numel * esize + 16,
+                "tensor %lld: v is %td bytes after m, %lld elements", (long long)i, d,
+                (long long)numel);
+}
+
+/* LAMB (a trust ratio per tensor) and BF16 parameters keep their tensors,
+ * and their state side by side. */
 START_TEST(test_kept) {
   const mtopt_backend_t be = tu_backend();
   tu_rng_t rng;
@@ -416,12 +444,13 @@ START_TEST(test_kept) {
   int64_t numel[NT];
   sizes(&rng, numel);
   layout_t P;
-  make_layout(&P, be, numel, 1, 1);
+  make_layout(&P, be, numel, 1, 1, 0);
   mtopt_optimizer_config_t c = MTOPT_OPTIMIZER_CONFIG_INIT;
   c.kind = MTOPT_OPTIMIZER_LAMB;
   mtopt_tensor_list_t *l;
   mtopt_optimizer_t *o = build(ctx, &P, &c, &l);
   ck_assert_ptr_eq(o->update_plan, &o->plan);
+  side_by_side(o, 0, numel[0], 4);
   TU_OK(mtopt_optimizer_destroy(o));
   TU_OK(mtopt_tensor_list_destroy(l));
   /* gradients in the library's buffer: back to back there too */
@@ -434,20 +463,22 @@ START_TEST(test_kept) {
   ck_assert_int_eq(update_tensors(o), 1);
   TU_OK(mtopt_optimizer_destroy(o));
   TU_OK(mtopt_tensor_list_destroy(l));
-  /* the same bytes as BF16 parameters: twice as many elements, back to back */
+  /* two F32 tensors back to back, then two BF16 ones: a table with F16/BF16
+   * arrays has no segments, and no runs in its slab */
   {
     TU_OK(mtopt_tensor_list_create(ctx, &l));
     for (int i = 0; i < 4; i++) {
       mtopt_tensor_desc_t d = MTOPT_TENSOR_DESC_INIT;
-      d.param = (uint16_t *)P.w[0] + 64 * i;
+      d.param = i < 2 ? (void *)(P.w[0] + 64 * i) : (void *)((uint16_t *)(P.w[0] + 128) + 64 * (i - 2));
       d.grad = P.g[0] + 64 * i;
       d.numel = 64;
-      d.param_dtype = MTOPT_DTYPE_BF16;
+      d.param_dtype = i < 2 ? MTOPT_DTYPE_F32 : MTOPT_DTYPE_BF16;
       TU_OK(mtopt_tensor_list_add(l, &d, NULL));
     }
     c.kind = MTOPT_OPTIMIZER_ADAMW;
     TU_OK(mtopt_optimizer_create(ctx, l, &c, &o));
     ck_assert_ptr_eq(o->update_plan, &o->plan);
+    side_by_side(o, 0, 64, 4);
     TU_OK(mtopt_optimizer_destroy(o));
     TU_OK(mtopt_tensor_list_destroy(l));
   }
@@ -461,7 +492,7 @@ int main(void) {
   TCase *tc = tcase_create("segments");
   tcase_set_timeout(tc, 120);
   tcase_add_test(tc, test_rule);
-  tcase_add_loop_test(tc, test_packed_is_apart, 0, 12);
+  tcase_add_loop_test(tc, test_packed_is_apart, 0, 36);
   tcase_add_test(tc, test_kept);
 #ifdef MTOPT_HAVE_CUDA
   tcase_add_test(tc, test_graph);

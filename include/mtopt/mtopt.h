@@ -489,7 +489,7 @@ typedef struct {
   int bytes_per_param; /* memory traffic of one step, fp32, counted in docs/ */
   /* Tensor records the update pass steps: num_tensors, or fewer where runs
    * of small tensors that lie back to back step as one (docs/optimizers.md,
-   * "Segments"). Since 0.3. */
+   * "Segments"). Since 0.4. */
   int64_t update_tensors;
 } mtopt_optimizer_info_t;
 

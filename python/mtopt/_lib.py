@@ -7,10 +7,10 @@ Only this file knows the C layout; mtopt/__init__.py builds on it.
 import ctypes
 import os
 
-# The API these bindings mirror: MTOPT_VERSION_CODE of the 0.3 headers
+# The API these bindings mirror: MTOPT_VERSION_CODE of the 0.4 headers
 # (major * 10000 + minor * 100 + patch). The configs carry it as api_version,
 # as MTOPT_*_CONFIG_INIT does in C.
-API_VERSION = 300
+API_VERSION = 400
 
 # MTOPT_STATUS_LIST, in code order (mtopt_status_name gives the same names).
 STATUS_NAMES = (

@@ -14,20 +14,22 @@ int64_t mtopt__chunk_table_at(const int64_t *numel, int64_t n, const int64_t *or
     const int64_t i = order ? order[j] : j;
     const int64_t ph = phase ? phase[i] : 0;
     if (numel[i] < 0 || ph < 0 || ph >= chunk_size) return -1;
-    /* The tensor as elements [ph, ph + numel) of a grid of chunk_size cells:
-     * ceil division without overflow. */
-    const int64_t span = numel[i] > 0 ? numel[i] + ph : 0;
-    const int64_t k = span / chunk_size + (span % chunk_size != 0);
+    /* The first chunk runs to the first cell boundary, the others are whole
+     * cells; ceil division without overflow of numel + chunk_size. */
+    const int64_t head = chunk_size - ph < numel[i] ? chunk_size - ph : numel[i];
+    const int64_t rest = numel[i] - head;
+    const int64_t k = (head > 0) + rest / chunk_size + (rest % chunk_size != 0);
     if (first_chunk) first_chunk[i] = total;
     if (num_chunks) num_chunks[i] = k;
     if (chunks) {
       for (int64_t c = 0; c < k; c++) {
-        const int64_t start = c == 0 ? 0 : c * chunk_size - ph;
-        const int64_t end = (c + 1) * chunk_size - ph < numel[i] ? (c + 1) * chunk_size - ph
-                                                                 : numel[i];
+        const int64_t start = c == 0 ? 0 : head + (c - 1) * chunk_size;
+        const int64_t len = c == 0 ? head
+                            : numel[i] - start < chunk_size ? numel[i] - start
+                                                            : chunk_size;
         chunks[total + c].start = start;
         chunks[total + c].tensor = (int32_t)i;
-        chunks[total + c].len = (int32_t)(end - start);
+        chunks[total + c].len = (int32_t)len;
       }
     }
     if (k > INT64_MAX - total) return -1;

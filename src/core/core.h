@@ -72,12 +72,15 @@ typedef struct {
 
 /* Lays out the state slab and the gradient buffers for the list's tensors,
  * taken in `order` (a permutation of their indices; NULL: registration
- * order), the order of the chunk table. With slab/grads NULL it only counts
- * (size); with them it also writes the records' pointers, dtypes and keys
- * into recs (whose first_chunk/num_chunks are already set). */
+ * order), the order of the chunk table. runs: the optimizer may step
+ * segments (core/segments.c), so runs of tensors that may form one get
+ * their state array by array; else every tensor's state lies side by side.
+ * With slab/grads NULL it only counts (size); with them it also writes the
+ * records' pointers, dtypes and keys into recs (whose first_chunk/num_chunks
+ * are already set). */
 MTOPT__HIDDEN void mtopt__layout(const mtopt_tensor_list_t *list,
                                  const mtopt_optimizer_config_t *c, int nstate,
-                                 const int64_t *order, char *slab,
+                                 const int64_t *order, int runs, char *slab,
                                  char *const grads[MTOPT__NUM_DTYPES],
                                  mtopt__tensor_rec_t *recs, mtopt__layout_t *size);
 /* The master mode of a tensor of this param dtype (F32 params: none). */
@@ -119,7 +122,8 @@ MTOPT__HIDDEN int64_t mtopt__segments(const mtopt__tensor_rec_t *recs, int64_t n
                                       mtopt__tensor_rec_t *segs);
 /* Sets opt->update_plan: the segment plan (its tables allocated in
  * dev_segments) where any tensors merge, else &opt->plan. chunk_size: the
- * config's (0: chosen for the segments as for tensors). */
+ * config's (0: chosen for the segments as for tensors). Only for plans whose
+ * layout had runs (mtopt__layout). */
 MTOPT__HIDDEN mtopt_status_t mtopt__update_plan(mtopt_optimizer_t *opt, int64_t chunk_size);
 
 /* The chunk size of chunk_size 0 for tensors of numel[0..n-1] elements:

@@ -1,8 +1,7 @@
 /* Where the library's own arrays go: the state slab (each tensor's moments or
  * momentum buffer and master weights; runs of small tensors array by array)
- * and one contiguous gradient
- * buffer per gradient dtype (for tensors added with grad == NULL), and the
- * tensor records that point into them. One function both counts the bytes
+ * and one contiguous gradient buffer per gradient dtype (for tensors added
+ * with grad == NULL), and the tensor records that point into them. One function both counts the bytes
  * (before allocation) and fills the records (after), so the two cannot
  * disagree. */
 #include <string.h>
@@ -55,7 +54,7 @@ static int run_continues(const mtopt_optimizer_config_t *c, const mtopt_tensor_d
 }
 
 void mtopt__layout(const mtopt_tensor_list_t *list, const mtopt_optimizer_config_t *c,
-                   int nstate, const int64_t *order, char *slab,
+                   int nstate, const int64_t *order, int runs, char *slab,
                    char *const grads[MTOPT__NUM_DTYPES], mtopt__tensor_rec_t *recs,
                    mtopt__layout_t *size) {
   const int se = mtopt__dt_size(c->state_dtype);
@@ -87,7 +86,7 @@ void mtopt__layout(const mtopt_tensor_list_t *list, const mtopt_optimizer_config
     for (j1 = j0 + 1; j1 < list->count; j1++) {
       const mtopt_tensor_desc_t *d = DESC(j1);
       if (d->numel == 0) continue; /* no state: in any run */
-      if (!run_continues(c, last, d)) break;
+      if (!runs || !run_continues(c, last, d)) break;
       last = d;
     }
     for (int a = 0; a <= nstate; a++) { /* a == nstate: the masters */

@@ -264,8 +264,13 @@ mtopt_status_t mtopt__optimizer_create(mtopt_context_t *ctx, mtopt_tensor_list_t
                       fn, ctx->ops->name);
     goto fail;
   }
+  /* Segments (core/segments.c) for AdamW, Adam and SGD over all-F32 tables;
+   * the distributed layer's plans keep their tensors (their chunk ranges are
+   * buckets). */
+  const int runs = all_f32 && c->kind != MTOPT_OPTIMIZER_LAMB && !options->defer_stats &&
+                   !options->order && !options->sr_tensor;
   mtopt__layout_t size;
-  mtopt__layout(list, c, nstate, options->order, NULL, NULL, NULL, &size);
+  mtopt__layout(list, c, nstate, options->order, runs, NULL, NULL, NULL, &size);
   opt->state_bytes = size.slab;
 
   const int lamb = c->kind == MTOPT_OPTIMIZER_LAMB;
@@ -281,7 +286,7 @@ mtopt_status_t mtopt__optimizer_create(mtopt_context_t *ctx, mtopt_tensor_list_t
   }
   char *gbufs[MTOPT__NUM_DTYPES];
   for (int k = 0; k < MTOPT__NUM_DTYPES; k++) gbufs[k] = opt->dev_grads[k];
-  mtopt__layout(list, c, nstate, options->order, opt->dev_state, gbufs, opt->tensors_host,
+  mtopt__layout(list, c, nstate, options->order, runs, opt->dev_state, gbufs, opt->tensors_host,
                 &size);
   if (options->sr_tensor)
     for (int64_t i = 0; i < n; i++) {
@@ -323,10 +328,8 @@ mtopt_status_t mtopt__optimizer_create(mtopt_context_t *ctx, mtopt_tensor_list_t
   p->all_f32 = all_f32;
   p->stochastic = c->rounding == MTOPT_ROUNDING_STOCHASTIC;
   p->bf16_state = c->state_dtype == MTOPT_DTYPE_BF16;
-  /* The distributed layer's plans keep their tensors (core/segments.c). */
   opt->update_plan = p;
-  if (!options->defer_stats && !options->order && !options->sr_tensor)
-    CHECK_GOTO(mtopt__update_plan(opt, cfg.chunk_size), st, fail);
+  if (runs) CHECK_GOTO(mtopt__update_plan(opt, cfg.chunk_size), st, fail);
 
   free(numel);
   free(first);

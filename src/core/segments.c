@@ -70,8 +70,7 @@ mtopt_status_t mtopt__update_plan(mtopt_optimizer_t *opt, int64_t chunk_size) {
   mtopt_context_t *ctx = opt->ctx;
   const mtopt__plan_t *p = &opt->plan;
   opt->update_plan = &opt->plan;
-  if (!p->all_f32 || p->kind == MTOPT__KIND_LAMB || p->num_tensors < 2)
-    return MTOPT_STATUS_SUCCESS;
+  if (p->num_tensors < 2) return MTOPT_STATUS_SUCCESS;
   const int64_t n = p->num_tensors;
   const int64_t nseg = mtopt__segments(opt->tensors_host, n, NULL);
   int64_t nonempty = 0;
