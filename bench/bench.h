@@ -94,6 +94,7 @@ typedef struct {
   const char *mode;
   int64_t tensors, params, launches;
   int64_t chunk_size; /* the optimizer's, from get_info (0: a copy row) */
+  int64_t update_tensors; /* get_info's: the update's records (segments), 0: none */
   int bpp, iters, k;
   double ms, host_us, gbps;
   double floor_ms; /* the copy row of the same bpp, shape and run (NAN if none) */

@@ -199,6 +199,7 @@ static int run_build(bench_t *b, run_t *r, const bench_shape_t *v, const layout_
   }
   row->bpp = info.bytes_per_param;
   row->chunk_size = info.chunk_size;
+  row->update_tensors = info.update_tensors * r->nopt;
   row->launches = (int64_t)info.launches_per_step * r->nopt;
   return 0;
 }

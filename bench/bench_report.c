@@ -238,8 +238,9 @@ static void json_row(FILE *f, const row_t *r) {
     fputs("null", f);
   fprintf(f, ", \"host_us\": ");
   json_num(f, r->host_us, "%.4g");
-  fprintf(f, ", \"chunk_size\": %lld, \"iters\": %d, \"steps_per_sample\": %d, \"check\": \"%s\", \"skipped\": ",
-          (long long)r->chunk_size, r->iters, r->k, r->check);
+  fprintf(f, ", \"chunk_size\": %lld, \"update_tensors\": %lld, \"iters\": %d, "
+             "\"steps_per_sample\": %d, \"check\": \"%s\", \"skipped\": ",
+          (long long)r->chunk_size, (long long)r->update_tensors, r->iters, r->k, r->check);
   json_count(f, r->skipped);
   fprintf(f, ", \"ok\": %s, \"note\": ", r->ok ? "true" : "false");
   json_str(f, r->note);
