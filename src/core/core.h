@@ -110,16 +110,16 @@ MTOPT__HIDDEN int64_t mtopt__chunk_table_at(const int64_t *numel, int64_t n,
  * its first tensor with the segment's numel; returns their count. Empty
  * tensors are in none. Pure, for the tests. */
 #define MTOPT__SEGMENT_TENSOR_MAX 65536
-/* A tensor that may be part of a segment: non-empty, under
- * MTOPT__SEGMENT_TENSOR_MAX elements, every array F32, no masters. */
-static inline int mtopt__segment_member(int64_t numel, int param_dt, int grad_dt, int state_dt,
-                                        int master_mode) {
-  return numel > 0 && numel < MTOPT__SEGMENT_TENSOR_MAX && param_dt == MTOPT__DT_F32 &&
-         grad_dt == MTOPT__DT_F32 && state_dt == MTOPT__DT_F32 &&
-         master_mode == MTOPT__MASTER_NONE;
-}
 MTOPT__HIDDEN int64_t mtopt__segments(const mtopt__tensor_rec_t *recs, int64_t n,
                                       mtopt__tensor_rec_t *segs);
+/* The rule, which the slab's layout (core/layout.c) follows too: t may be a
+ * segment's member (non-empty, under MTOPT__SEGMENT_TENSOR_MAX elements,
+ * every array F32, no masters), and t continues segment s (its
+ * first tensor's record with the segment's numel): one group and flags,
+ * each array's next element (NULL arrays stay NULL). */
+MTOPT__HIDDEN int mtopt__segment_member(const mtopt__tensor_rec_t *t);
+MTOPT__HIDDEN int mtopt__segment_continues(const mtopt__tensor_rec_t *s,
+                                           const mtopt__tensor_rec_t *t);
 /* Sets opt->update_plan: the segment plan (its tables allocated in
  * dev_segments) where any tensors merge, else &opt->plan. chunk_size: the
  * config's (0: chosen for the segments as for tensors). Only for plans whose

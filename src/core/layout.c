@@ -33,24 +33,23 @@ static int master_bytes(int mode) {
   return mode == MTOPT__MASTER_F32 ? 4 : mode == MTOPT__MASTER_REMAINDER ? 2 : 0;
 }
 
-/* Whether tensor d continues the run whose last tensor is p: both may join
- * a segment (core/segments.c), in one group with the same flags, d's
- * parameter right after p's and d's gradient right after p's (or both in the
- * library's buffer, where consecutive tensors lie back to back). A run's
- * state arrays lie back to back, array by array, so that the segments can
- * step it as one; a tensor alone keeps its m, v and master side by side,
- * which DRAM serves better on large tensors (ViT-H: 0.97 of a copy, 0.92
- * with every tensor's m before every v; docs/perf_notes_small.md, v11). */
-static int run_continues(const mtopt_optimizer_config_t *c, const mtopt_tensor_desc_t *p,
-                         const mtopt_tensor_desc_t *d) {
-  const size_t pb = (size_t)p->numel * sizeof(float);
-  return mtopt__segment_member(p->numel, p->param_dtype, p->grad_dtype, c->state_dtype,
-                               mtopt__master_mode(c, p->param_dtype)) &&
-         mtopt__segment_member(d->numel, d->param_dtype, d->grad_dtype, c->state_dtype,
-                               mtopt__master_mode(c, d->param_dtype)) &&
-         d->group == p->group && d->flags == p->flags &&
-         (const char *)d->param == (const char *)p->param + pb &&
-         (d->grad ? p->grad && (const char *)d->grad == (const char *)p->grad + pb : !p->grad);
+/* Tensor i's record before its arrays are placed: the caller's pointers
+ * (grad NULL: the library's buffer), no state, no chunks. */
+static mtopt__tensor_rec_t rec_of(const mtopt_tensor_desc_t *d,
+                                  const mtopt_optimizer_config_t *c, int64_t i) {
+  mtopt__tensor_rec_t r;
+  memset(&r, 0, sizeof r);
+  r.w = d->param;
+  r.g = d->grad;
+  r.numel = d->numel;
+  r.sr_tensor = (int32_t)i;
+  r.group = d->group;
+  r.flags = d->flags;
+  r.wdt = (uint8_t)d->param_dtype;
+  r.gdt = (uint8_t)d->grad_dtype;
+  r.sdt = (uint8_t)c->state_dtype;
+  r.mmode = (uint8_t)mtopt__master_mode(c, d->param_dtype);
+  return r;
 }
 
 void mtopt__layout(const mtopt_tensor_list_t *list, const mtopt_optimizer_config_t *c,
@@ -59,35 +58,30 @@ void mtopt__layout(const mtopt_tensor_list_t *list, const mtopt_optimizer_config
                    mtopt__layout_t *size) {
   const int se = mtopt__dt_size(c->state_dtype);
   for (int64_t i = 0; recs && i < list->count; i++) {
-    const mtopt_tensor_desc_t *d = &list->items[i].desc;
-    mtopt__tensor_rec_t *r = &recs[i];
-    const int64_t first = r->first_chunk, nch = r->num_chunks; /* the chunk table's */
-    memset(r, 0, sizeof *r);
-    r->w = d->param;
-    r->g = d->grad;
-    r->numel = d->numel;
-    r->first_chunk = first;
-    r->num_chunks = nch;
-    r->sr_tensor = (int32_t)i;
-    r->group = d->group;
-    r->flags = d->flags;
-    r->wdt = (uint8_t)d->param_dtype;
-    r->gdt = (uint8_t)d->grad_dtype;
-    r->sdt = (uint8_t)c->state_dtype;
-    r->mmode = (uint8_t)mtopt__master_mode(c, d->param_dtype);
+    const int64_t first = recs[i].first_chunk, nch = recs[i].num_chunks; /* the chunk table's */
+    recs[i] = rec_of(&list->items[i].desc, c, i);
+    recs[i].first_chunk = first;
+    recs[i].num_chunks = nch;
   }
-  /* The slab, run by run (run_continues): a run's first state arrays back to
-   * back, then its second ones; a tensor alone: its m, v and master side by
-   * side. */
+  /* The slab, run by run: the tensors that core/segments.c's rule would join
+   * on their parameters and gradients (the state not placed yet: NULL in
+   * both) get their first state arrays back to back, then their second ones,
+   * so that the segments can step them as one; any other tensor keeps its m,
+   * v and master side by side, which DRAM serves better on large tensors
+   * (ViT-H: 0.97 of a copy, 0.92 with every tensor's m before every v;
+   * docs/perf_notes_small.md, v11). With grad NULL both gradients are in the
+   * library's buffer, where consecutive tensors lie back to back. */
   int64_t soff = 0, goff[MTOPT__NUM_DTYPES] = {0, 0, 0};
 #define DESC(j) (&list->items[order ? order[j] : (j)].desc)
   for (int64_t j0 = 0, j1; j0 < list->count; j0 = j1) {
-    const mtopt_tensor_desc_t *last = DESC(j0);
+    mtopt__tensor_rec_t run = rec_of(DESC(j0), c, 0);
+    const int joinable = runs && mtopt__segment_member(&run);
     for (j1 = j0 + 1; j1 < list->count; j1++) {
       const mtopt_tensor_desc_t *d = DESC(j1);
       if (d->numel == 0) continue; /* no state: in any run */
-      if (!runs || !run_continues(c, last, d)) break;
-      last = d;
+      const mtopt__tensor_rec_t t = rec_of(d, c, 0);
+      if (!joinable || !mtopt__segment_continues(&run, &t)) break;
+      run.numel += t.numel;
     }
     for (int a = 0; a <= nstate; a++) { /* a == nstate: the masters */
       for (int64_t j = j0; j < j1; j++) {

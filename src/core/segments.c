@@ -23,18 +23,18 @@
 
 #include "core.h"
 
-static int small_f32(const mtopt__tensor_rec_t *t) {
-  return mtopt__segment_member(t->numel, t->wdt, t->gdt, t->sdt, t->mmode);
+int mtopt__segment_member(const mtopt__tensor_rec_t *t) {
+  return t->numel > 0 && t->numel < MTOPT__SEGMENT_TENSOR_MAX && t->wdt == MTOPT__DT_F32 &&
+         t->gdt == MTOPT__DT_F32 && t->sdt == MTOPT__DT_F32 && t->mmode == MTOPT__MASTER_NONE;
 }
 
 /* The element after a segment's last in one of its arrays (NULL stays NULL). */
 static const float *past(const float *a, int64_t n) { return a ? a + n : NULL; }
 
-/* Whether t continues segment s: the next element of each of its arrays. */
-static int continues(const mtopt__tensor_rec_t *s, const mtopt__tensor_rec_t *t) {
-  return t->group == s->group && t->flags == s->flags && t->w == past(s->w, s->numel) &&
-         t->g == past(s->g, s->numel) && t->s0 == past(s->s0, s->numel) &&
-         t->s1 == past(s->s1, s->numel);
+int mtopt__segment_continues(const mtopt__tensor_rec_t *s, const mtopt__tensor_rec_t *t) {
+  return mtopt__segment_member(t) && t->group == s->group && t->flags == s->flags &&
+         t->w == past(s->w, s->numel) && t->g == past(s->g, s->numel) &&
+         t->s0 == past(s->s0, s->numel) && t->s1 == past(s->s1, s->numel);
 }
 
 int64_t mtopt__segments(const mtopt__tensor_rec_t *recs, int64_t n, mtopt__tensor_rec_t *segs) {
@@ -44,8 +44,7 @@ int64_t mtopt__segments(const mtopt__tensor_rec_t *recs, int64_t n, mtopt__tenso
   for (int64_t i = 0; i < n; i++) {
     const mtopt__tensor_rec_t *t = &recs[i];
     if (t->numel == 0) continue; /* no chunks, no elements: in no segment */
-    const int small = small_f32(t);
-    if (open && joinable && small && continues(&cur, t)) {
+    if (open && joinable && mtopt__segment_continues(&cur, t)) {
       cur.numel += t->numel;
       continue;
     }
@@ -53,7 +52,7 @@ int64_t mtopt__segments(const mtopt__tensor_rec_t *recs, int64_t n, mtopt__tenso
     k += open;
     cur = *t;
     open = 1;
-    joinable = small;
+    joinable = mtopt__segment_member(t);
   }
   if (open && segs) segs[k] = cur;
   return k + open;
