@@ -267,7 +267,9 @@ static mtopt_optimizer_config_t config_of(int k, int64_t chunk, int *nstate,
   return c;
 }
 
-/* The two optimizers' step counts, norms and loss scales agree. */
+/* The two optimizers' step counts, norms and loss scales agree (the norm is
+ * the per-tensor statistics pass's in both: a change that summed it over
+ * the segments would show here). */
 static void same_info(mtopt_optimizer_t *op, mtopt_optimizer_t *oa, int step) {
   mtopt_step_info_t ip = MTOPT_STEP_INFO_INIT, ia = MTOPT_STEP_INFO_INIT;
   TU_OK(mtopt_optimizer_get_step_info(op, &ip));

@@ -262,8 +262,12 @@ def test_packed_views_step_as_one():
             a[:] = g
         packed.step()
         apart.step()
-    for w, a in zip(pw, aw):
+    for i, (w, a) in enumerate(zip(pw, aw)):
         assert np.array_equal(w.view(np.uint32), a.view(np.uint32))
+        for which in ("exp_avg", "exp_avg_sq"):
+            sp, sa = packed.read_state(i, which), apart.read_state(i, which)
+            assert np.array_equal(np.asarray(sp, np.float32).view(np.uint32),
+                                  np.asarray(sa, np.float32).view(np.uint32))
 
 
 def test_library_owned_gradients():
