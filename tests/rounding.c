@@ -250,10 +250,16 @@ END_TEST
  * for element-wise steps in every dtype combination and rounding mode (the
  * same functions of step_elem.h on both); the reductions of clipping and
  * LAMB are summed in another order, so there to a tolerance. On the CPU
- * backend this test has nothing to compare and passes. _i: kind x stats. */
+ * backend this test has nothing to compare and passes. _i < 8: kind x stats,
+ * fp32 masters, bf16 state, stochastic rounding, tensors of up to 5000
+ * elements. _i >= 8: AdamW, Adam, SGD, stochastic and to nearest, no
+ * masters, bf16 state, over tensors of up to 200,001 elements, whose chunks
+ * the CUDA update cuts into slices where it rounds to nearest
+ * (step_kernels.cuh: slices_of). */
 START_TEST(test_cpu_equals_cuda) {
   if (tu_backend() != MTOPT_BACKEND_CUDA) return;
-  const int kind = _i % 8;
+  const int large = _i >= 8;
+  const int kind = large ? (_i - 8) % 3 : _i % 8;
   tu_rng_t rng;
   tu_rng_init(&rng, tu_seed() + 809u * (uint64_t)_i);
   int p[MAXT], g[MAXT];
@@ -263,15 +269,16 @@ START_TEST(test_cpu_equals_cuda) {
     g[i] = dts[(i / 3) % 3];
   }
   table_t h, d;
-  table_make(&h, &rng, MTOPT_BACKEND_CPU, MAXT, p, g, NULL);
+  static const int64_t big[MAXT] = {70001, 140003, 65537, 33333, 200001, 1, 98765, 131073, 17};
+  table_make(&h, &rng, MTOPT_BACKEND_CPU, MAXT, p, g, large ? big : NULL);
   table_fill_w(&h, &rng);
   table_make(&d, &rng, MTOPT_BACKEND_CUDA, MAXT, p, g, h.numel);
   copy_w(&d, &h);
   mtopt_context_t *ch = tu_context(MTOPT_BACKEND_CPU), *cd = tu_context(MTOPT_BACKEND_CUDA);
   mtopt_optimizer_config_t c = kind_config(kind);
-  c.master_weights = MTOPT_MASTER_F32;
+  c.master_weights = large ? MTOPT_MASTER_NONE : MTOPT_MASTER_F32;
   c.state_dtype = MTOPT_DTYPE_BF16;
-  c.rounding = MTOPT_ROUNDING_STOCHASTIC;
+  c.rounding = large && _i >= 11 ? MTOPT_ROUNDING_NEAREST : MTOPT_ROUNDING_STOCHASTIC;
   c.seed = tu_seed();
   mtopt_tensor_list_t *lh, *ld;
   mtopt_optimizer_t *oh = make_opt(ch, &h, &c, &lh), *od = make_opt(cd, &d, &c, &ld);
@@ -407,7 +414,7 @@ Suite *rounding_suite(void) {
   tcase_add_test(tc, test_stochastic_steps);
   tcase_add_loop_test(tc, test_no_master_one_step, 0, 8);
   tcase_add_test(tc, test_checkpoint_resume);
-  tcase_add_loop_test(tc, test_cpu_equals_cuda, 0, 8);
+  tcase_add_loop_test(tc, test_cpu_equals_cuda, 0, 14);
   tcase_add_test(tc, test_bf16_store_bits);
   suite_add_tcase(s, tc);
   return s;

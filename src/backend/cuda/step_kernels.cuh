@@ -27,8 +27,9 @@
  * from a counter (warp_kernel below).
  *
  * Slices: for the passes that reduce nothing across a chunk (the update of
- * AdamW, Adam and SGD) on all-F32 plans, each chunk of a large-chunk plan is
- * cut into slices of about kSliceLen elements, a block per slice, the slices
+ * AdamW, Adam and SGD) on all-F32 plans and on plans with bf16 state rounded
+ * to nearest, each chunk of a large-chunk plan is cut into slices of about
+ * kSliceLen (kSliceLenNarrow) elements, a block per slice, the slices
  * of one chunk in consecutive blocks. The blocks resident at any moment then
  * cover a few dozen chunks end to end rather than a thin piece of each of
  * hundreds: with the same arithmetic, the same bytes scattered over hundreds
@@ -69,6 +70,12 @@ constexpr int kInFlight = 8;    /* float4 loads in flight per thread */
  * large chunks): 8192 elements, 32 per thread, ran best of 2048 to 65536 on
  * GPT-2 XL and LLaMA 1.1B shapes (docs/perf_notes.md, v7). */
 constexpr int64_t kSliceLen = 8192;
+/* The same for plans with bf16 state rounded to nearest (the narrow mixed
+ * flavour, a group of 8 elements a thread at a time): 16384 elements, 8
+ * groups per thread, ran best of 8192, 16384, 32768 and whole 65536-element
+ * chunks (docs/perf_notes.md, v12). With stochastic rounding no slice length
+ * beat whole chunks, so those plans are not sliced. */
+constexpr int64_t kSliceLenNarrow = 16384;
 /* Slices start at multiples of this many elements from the chunk's start (4 KB
  * of fp32): slices of 9368 elements, whose warps' 512-byte accesses straddled
  * cache lines, ran at 0.84 of the copy against 0.96 at 8192. */
@@ -530,16 +537,19 @@ __global__ void __launch_bounds__(kBlock) warp_kernel(mtopt__plan_t p, int64_t c
  * the registers of the mixed-precision paths do not cut their occupancy; the
  * small-chunk kernel has one mixed flavour. */
 /* Slices per chunk of a large-chunk plan's pass (see "Slices" above): about
- * kSliceLen elements of a mean chunk each (so that few slices are empty); 1
- * for the passes that fill per-chunk slots, where the grid would pass 2^31-1
- * blocks, and for mixed-precision plans: their update, a group of 8 per
- * thread with no loads in flight across groups, lost 2-10% when sliced, the
- * per-block set-up weighing more than the locality gained (perf_notes, v7). */
+ * kSliceLen (all-F32) or kSliceLenNarrow (bf16 state, to nearest) elements
+ * of a mean chunk each (so that few slices are empty); 1 for the passes that
+ * fill per-chunk slots, where the grid would pass 2^31-1 blocks, and for the
+ * other mixed-precision plans: their update, a group of 8 per thread with no
+ * loads in flight across groups, lost 1-10% when sliced, the per-block
+ * set-up weighing more than the locality gained (perf_notes, v7 and v12). */
 template <int PASS, int KIND>
 int slices_of(const mtopt__plan_t &p) {
-  if (PASS != MTOPT__PASS_UPDATE || KIND == MTOPT__KIND_LAMB || !p.all_f32) return 1;
+  if (PASS != MTOPT__PASS_UPDATE || KIND == MTOPT__KIND_LAMB) return 1;
+  if (!p.all_f32 && !(p.bf16_state && !p.stochastic)) return 1;
+  const int64_t per = p.all_f32 ? kSliceLen : kSliceLenNarrow;
   const int64_t len = p.mean_chunk_len < p.chunk_size ? p.mean_chunk_len : p.chunk_size;
-  const int64_t s = (len + kSliceLen - 1) / kSliceLen;
+  const int64_t s = (len + per - 1) / per;
   return s > 1 && p.num_chunks * s <= INT32_MAX ? (int)s : 1;
 }
 
