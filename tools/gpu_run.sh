@@ -34,7 +34,7 @@
 #                               torch_bench_dtypes compare mnist_gpu
 #                               dist_bench ctest_cpu cpu_vs_torch multi_dist_test
 #                               multi_dist_bench multi_nccl_ref multi_mnist
-#                               ncu_small ncu_large memcheck racecheck)
+#                               ncu_small ncu_large ncu_mixed memcheck racecheck)
 #   GPU_RUN_BUILD_DIR=build-gpu the build directory, under the repository
 #   MTOPT_GIT_COMMIT=<sha>      recorded in the JSON when git is unavailable
 #   BENCH_ARGS / TORCH_ARGS     extra arguments for the two benchmarks
@@ -296,6 +296,12 @@ if command -v ncu >/dev/null; then
     --backend cuda --shapes gpt2-xl --modes fused --iters 1 --warmup 1 --check 0 && \
     ${NCU[*]} -k regex:ref_adamw_kernel --launch-skip 3 -c 1 $BUILD/bench/mtopt_bench \
     --backend cuda --shapes gpt2-xl --modes ref-adamw --iters 1 --warmup 1 --check 0"
+  # Mixed precision: the fused step's kernel on GPT-2 XL with fp32 masters
+  # and with fp32 state and no masters (docs/perf_notes.md, v12: what the
+  # fp32 path gets from its loop and these do not).
+  step ncu_mixed 150 bash -c "for d in bf16-master bf16-nearest; do ${NCU[*]} \
+    -k regex:block_kernel -c 1 $BUILD/bench/mtopt_bench --backend cuda --shapes gpt2-xl \
+    --dtype \$d --modes fused --iters 1 --warmup 1 --check 0 || exit 1; done"
 fi
 
 # ---- sanitizers (CUDA must not be touched before Check forks: CK_FORK=no) ----
