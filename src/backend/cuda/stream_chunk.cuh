@@ -1,0 +1,176 @@
+/*
+ * Streaming the arrays of one chunk, for the all-F32 passes of the step
+ * kernels (step_kernels.cuh), and the per-element operations they apply
+ * (the formulas of step_math.h).
+ *
+ * Inner loop: 16-byte (float4) loads and stores in two stages of ILP float4
+ * per array (8 float4 in flight per thread whatever the number of arrays):
+ * the next stage's loads are issued before the current one is computed; a
+ * scalar prologue up to the first 16-byte boundary and a scalar tail. The
+ * host places each tensor's state at the same address residue mod 16 bytes as
+ * its weights (mtopt__aligned_offset), so one prologue serves every array; a
+ * user gradient with another residue sends its chunks down the scalar path.
+ * Element offsets inside a chunk fit in int32 (chunk_size <= 2^30); tensor
+ * offsets (chunk start) are int64.
+ */
+#ifndef MTOPT_BACKEND_CUDA_STREAM_CHUNK_CUH
+#define MTOPT_BACKEND_CUDA_STREAM_CHUNK_CUH
+
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "../../common/step_math.h"
+#include "team.cuh"
+
+namespace {
+
+constexpr int kInFlight = 8;    /* float4 loads in flight per thread */
+
+/* ---- streaming over one chunk ---- */
+
+__device__ __forceinline__ float &lane_of(float4 &v, int j) {
+  return j == 0 ? v.x : j == 1 ? v.y : j == 2 ? v.z : v.w;
+}
+
+/* Applies f to every element i in [0, len) of N arrays p[0..N-1] (each already
+ * offset to the chunk start): f(x) receives x[k] = p[k][i], may change it, and
+ * arrays whose bit is set in STORE get x[k] back. Each thread visits a fixed
+ * set of elements in a fixed order, so per-thread accumulators inside f are
+ * deterministic. */
+template <int TEAM, int N, unsigned STORE, class F>
+__device__ __forceinline__ void stream_chunk(float *const (&p)[N], int32_t len, F &f) {
+  const int tid = team_lane<TEAM>();
+  const unsigned r0 = (unsigned)((uintptr_t)p[0] & 15u);
+  bool same = true;
+#pragma unroll
+  for (int k = 1; k < N; k++) same = same && (((uintptr_t)p[k] & 15u) == r0);
+
+  auto scalar = [&](int32_t i) {
+    float x[N];
+#pragma unroll
+    for (int k = 0; k < N; k++) x[k] = p[k][i];
+    f(x);
+#pragma unroll
+    for (int k = 0; k < N; k++)
+      if (STORE & (1u << k)) p[k][i] = x[k];
+  };
+
+  if (!same) { /* a gradient at another residue: no common vector path */
+    for (int32_t i = tid; i < len; i += TEAM) scalar(i);
+    return;
+  }
+  int32_t pro = (int32_t)(((16u - r0) & 15u) / 4u); /* elements to the boundary */
+  if (pro > len) pro = len;
+  if (tid < pro) scalar(tid);
+
+  /* Two stages of ILP float4 per array: the next stage's loads are issued
+   * before the current stage is computed and stored, so a thread always has
+   * loads in flight (docs/perf_notes.md, v7). */
+  constexpr int ILP = kInFlight / (2 * N) > 0 ? kInFlight / (2 * N) : 1;
+  const int32_t n4 = (len - pro) >> 2;
+  float4 *q[N];
+#pragma unroll
+  for (int k = 0; k < N; k++) q[k] = reinterpret_cast<float4 *>(p[k] + pro);
+  auto load = [&](float4 (&r)[ILP][N], int32_t base) {
+#pragma unroll
+    for (int u = 0; u < ILP; u++) {
+      const int32_t i = base + u * TEAM;
+      if (i < n4) {
+#pragma unroll
+        for (int k = 0; k < N; k++) r[u][k] = __ldcs(q[k] + i);
+      }
+    }
+  };
+
+  float4 r[ILP][N], next[ILP][N];
+  load(r, tid);
+  for (int32_t base = tid; base < n4; base += TEAM * ILP) {
+    load(next, base + TEAM * ILP);
+#pragma unroll
+    for (int u = 0; u < ILP; u++) {
+      const int32_t i = base + u * TEAM;
+      if (i < n4) {
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+          float x[N];
+#pragma unroll
+          for (int k = 0; k < N; k++) x[k] = lane_of(r[u][k], j);
+          f(x);
+#pragma unroll
+          for (int k = 0; k < N; k++) lane_of(r[u][k], j) = x[k];
+        }
+#pragma unroll
+        for (int k = 0; k < N; k++)
+          if (STORE & (1u << k)) __stcs(q[k] + i, r[u][k]);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < ILP; u++)
+#pragma unroll
+      for (int k = 0; k < N; k++) r[u][k] = next[u][k];
+  }
+
+  const int32_t t0 = pro + 4 * n4; /* 0..3 elements left */
+  if (tid < len - t0) scalar(t0 + tid);
+}
+
+/* ---- the per-element operations (formulas in step_math.h) ---- */
+
+/* Sums of squares in double (mtopt__sum_t, plan.h): the square of a float is
+ * exact there and a finite gradient cannot overflow the sum (one element of
+ * 1e20 overflows a float sum). The pass stays bandwidth bound: a double
+ * multiply and add per 4 bytes read. */
+struct StatsOp {
+  float inv;
+  double acc;
+  uint32_t bad;
+  __device__ void operator()(float (&x)[1]) {
+    const float y = x[0] * inv;
+    acc += (double)y * y;
+    bad += !isfinite(y);
+  }
+};
+
+template <int DECOUPLED>
+struct AdamOp { /* x = w, g, m, v */
+  mtopt__scalars_t s;
+  __device__ void operator()(float (&x)[4]) {
+    mtopt__adam_elem(&s, DECOUPLED, x[1], &x[0], &x[2], &x[3]);
+  }
+};
+
+struct SgdBufOp { /* x = w, g, buf */
+  mtopt__scalars_t s;
+  __device__ void operator()(float (&x)[3]) { mtopt__sgd_elem(&s, x[1], &x[0], &x[2]); }
+};
+
+struct SgdOp { /* x = w, g; s.momentum is 0 */
+  mtopt__scalars_t s;
+  __device__ void operator()(float (&x)[2]) {
+    float unused = 0.0f;
+    mtopt__sgd_elem(&s, x[1], &x[0], &unused);
+  }
+};
+
+struct LambMomentsOp { /* x = w, g, m, v */
+  mtopt__scalars_t s;
+  double wsq, usq; /* in double, as StatsOp */
+  __device__ void operator()(float (&x)[4]) {
+    const float w = x[0];
+    const float u = mtopt__lamb_moments_elem(&s, x[1], w, &x[2], &x[3]);
+    wsq += (double)w * w;
+    usq += (double)u * u;
+  }
+};
+
+struct LambApplyOp { /* x = w, m, v */
+  mtopt__scalars_t s;
+  float step;
+  __device__ void operator()(float (&x)[3]) {
+    x[0] = fmaf(-step, mtopt__lamb_dir(&s, x[0], x[1], x[2]), x[0]);
+  }
+};
+
+} /* namespace */
+
+#endif /* MTOPT_BACKEND_CUDA_STREAM_CHUNK_CUH */
