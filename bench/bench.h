@@ -44,6 +44,7 @@ enum {
   M_PACKED,
   M_LOOP,
   M_MIXED,
+  M_PACKED_MIXED,
   M_GRAPH,
   M_GRAPH_MIXED,
   M_REF_ADAMW,

@@ -328,9 +328,9 @@ done:
   run_free(b, &r);
 }
 
-/* fused, packed, mixed, graph, graph-mixed: one optimizer over all tensors
- * of the pool (packed: back to back), stepped with one call or replayed from
- * a graph. */
+/* fused, packed, mixed, packed-mixed, graph, graph-mixed: one optimizer over
+ * all tensors of the pool (packed: back to back), stepped with one call or
+ * replayed from a graph. */
 static void run_pooled(bench_t *b, const bench_mode_t *m, const bench_shape_t *s,
                        shape_state_t *ss, row_t *row, int round) {
   const int mixed = m->mixed;
@@ -371,6 +371,7 @@ static const bench_mode_t modes[M_COUNT] = {
     [M_PACKED] = {"packed", run_pooled, .packed = 1},
     [M_LOOP] = {"loop", run_loop},
     [M_MIXED] = {"mixed", run_pooled, .mixed = 1},
+    [M_PACKED_MIXED] = {"packed-mixed", run_pooled, .mixed = 1, .packed = 1},
     [M_GRAPH] = {"graph", run_pooled, .graph = 1},
     [M_GRAPH_MIXED] = {"graph-mixed", run_pooled, .mixed = 1, .graph = 1},
     [M_REF_ADAMW] = {"ref-adamw", run_ref},

@@ -18,6 +18,8 @@
  *                step a model with a per-tensor kernel today
  *   mixed        the full mixed-precision step: dynamic loss scale, global-norm
  *                clipping (max_grad_norm 1), then the update
+ *   packed-mixed the mixed step over the tensors packed: the statistics pass
+ *                over the tensors, the update over the segments
  *   graph        CUDA: one fused step captured in a CUDA graph, graph replays
  *   graph-mixed  CUDA: the mixed step captured the same way
  *   ref-adamw    a reference fp32 AdamW written from scratch (ref_adamw.h, not
@@ -91,7 +93,8 @@ static void usage(FILE *f) {
           "  --dtype NAME            f32 (default), bf16-master, bf16-remainder,\n"
           "                          bf16-nearest, bf16-sr, bf16-all, bf16-all-sr,\n"
           "                          f32-bf16grad, mixed-table (docs/benchmarks.md)\n"
-          "  --modes LIST            one-tensor,fused,packed,loop,mixed,graph,ref-adamw,copy\n"
+          "  --modes LIST            one-tensor,fused,packed,loop,mixed,packed-mixed,graph,\n"
+          "                          ref-adamw,copy\n"
           "                          (default all; graph = graph and graph-mixed, CUDA\n"
           "                          only; ref-adamw by default only for fp32 AdamW)\n"
           "  --iters N               timed steps (default 20)\n"
