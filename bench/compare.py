@@ -54,7 +54,8 @@ COPY_MODES = ("copy", "memcpy")
 COLORS = {
     "mtopt one-tensor": "#1b5e20", "mtopt fused": "#2e7d32", "mtopt fused, packed": "#004d40",
     "mtopt fused+graph": "#66bb6a",
-    "mtopt mixed": "#00838f", "mtopt mixed, packed": "#006064", "mtopt mixed+graph": "#4dd0e1", "mtopt per-tensor loop": "#9e9d24",
+    "mtopt mixed": "#00838f", "mtopt mixed, packed": "#006064", "mtopt mixed+graph": "#4dd0e1",
+    "mtopt per-tensor loop": "#9e9d24",
     "reference AdamW kernel": "#283593", "torch for-loop": "#b71c1c",
     "torch foreach": "#e53935", "torch fused": "#ef6c00", "torch fused+graph": "#ffa726",
     "torch GradScaler step": "#6a1b9a", "torch one-tensor": "#8d6e63",

@@ -280,8 +280,15 @@ START_TEST(test_cpu_equals_cuda) {
   c.state_dtype = MTOPT_DTYPE_BF16;
   c.rounding = large && _i >= 11 ? MTOPT_ROUNDING_NEAREST : MTOPT_ROUNDING_STOCHASTIC;
   c.seed = tu_seed();
+  if (large) c.chunk_size = 0; /* the library's choice: 65536 here */
   mtopt_tensor_list_t *lh, *ld;
   mtopt_optimizer_t *oh = make_opt(ch, &h, &c, &lh), *od = make_opt(cd, &d, &c, &ld);
+  if (large) { /* chunks long enough to be cut into slices (kSliceLenNarrow) */
+    mtopt_optimizer_info_t info = MTOPT_OPTIMIZER_INFO_INIT;
+    TU_OK(mtopt_optimizer_get_info(od, &info));
+    ck_assert_int_eq(info.chunk_size, 65536);
+    ck_assert_int_gt(info.total_numel / info.num_chunks, 16384);
+  }
   table_t *both[2] = {&h, &d};
   exact_run = kind < 4 && kind != 3;
   for (int step = 1; step <= STEPS; step++) {

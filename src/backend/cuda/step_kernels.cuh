@@ -66,7 +66,7 @@ constexpr int64_t kSliceLen = 8192;
  * flavour, a group of 8 elements a thread at a time): 16384 elements, 8
  * groups per thread, ran best of 8192, 16384, 32768 and whole 65536-element
  * chunks (docs/perf_notes.md, v12). With stochastic rounding no slice length
- * beat whole chunks, so those plans are not sliced. */
+ * beat whole chunks by more than the noise, so those plans are not sliced. */
 constexpr int64_t kSliceLenNarrow = 16384;
 /* Slices start at multiples of this many elements from the chunk's start (4 KB
  * of fp32): slices of 9368 elements, whose warps' 512-byte accesses straddled
