@@ -221,6 +221,9 @@ void bench_run_mode(bench_t *b, const bench_shape_t *s, int mode, shape_state_t 
                     row_t *row, int round);
 
 /* bench_ref.c: the ref-adamw and copy modes (bench_run_mode calls them). */
+/* The reference's layout for a dtype configuration (REF_ADAMW_*), or -1
+ * where it has none. */
+int bench_ref_layout(const precision_t *p);
 void bench_run_ref_adamw(bench_t *b, const bench_shape_t *s, shape_state_t *ss, row_t *row,
                          int round);
 void bench_run_copy(bench_t *b, const bench_shape_t *s, shape_state_t *ss, row_t *row,

@@ -180,12 +180,22 @@ static int cpu_copy_step(bench_t *b, stepper_t *sp, row_t *row) {
 /* ------------------------------------------------------------- ref-adamw -- */
 
 /* The reference AdamW on the CPU: one static OpenMP loop over the elements,
- * vectorised by the compiler (the four buffers do not overlap). */
+ * vectorised by the compiler (the buffers do not overlap). */
 static int cpu_ref_step(bench_t *b, ref_adamw_t *r, row_t *row) {
   float *restrict w = r->w, *restrict m = r->m, *restrict v = r->v;
-  const float *restrict g = r->g;
   const ref_adamw_hp_t hp = r->hp;
   const int64_t n = r->n;
+  if (r->layout == REF_ADAMW_BF16_MASTER) {
+    const uint16_t *restrict g = r->g;
+    uint16_t *restrict p = r->p;
+#pragma omp parallel for simd schedule(static) num_threads(b->nthreads)
+    for (int64_t i = 0; i < n; i++) {
+      ref_adamw_elem(&w[i], ref_bf16_to_f32(g[i]), &m[i], &v[i], &hp);
+      p[i] = ref_f32_to_bf16(w[i]);
+    }
+    return 0;
+  }
+  const float *restrict g = r->g;
 #pragma omp parallel for simd schedule(static) num_threads(b->nthreads)
   for (int64_t i = 0; i < n; i++) ref_adamw_elem(&w[i], g[i], &m[i], &v[i], &hp);
   return 0;

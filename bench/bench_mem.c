@@ -64,13 +64,6 @@ static void make_pattern(float *x, int64_t n, uint64_t seed, float lo) {
   }
 }
 
-/* bf16 of x, to nearest even (the patterns are finite). */
-static uint16_t to_bf16(float x) {
-  uint32_t b;
-  memcpy(&b, &x, 4);
-  return (uint16_t)((b + 0x7fffu + ((b >> 16) & 1u)) >> 16);
-}
-
 int bench_patterns_make(float *pat[2], uint16_t *pat16[2]) {
   for (int i = 0; i < 2; i++) {
     pat[i] = malloc((size_t)PATTERN_N * sizeof(float));
@@ -81,7 +74,7 @@ int bench_patterns_make(float *pat[2], uint16_t *pat16[2]) {
   make_pattern(pat[0], PATTERN_N, 0x5EED0001ull, 0.1f);
   make_pattern(pat[1], PATTERN_N, 0x5EED0002ull, 0.01f);
   for (int i = 0; i < 2; i++)
-    for (int64_t j = 0; j < PATTERN_N; j++) pat16[i][j] = to_bf16(pat[i][j]);
+    for (int64_t j = 0; j < PATTERN_N; j++) pat16[i][j] = ref_f32_to_bf16(pat[i][j]); /* finite */
   return 0;
 }
 

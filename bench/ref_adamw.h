@@ -6,6 +6,11 @@
  * the floor, a copy of the same bytes, is reachable with real AdamW math.
  * bench_ref.c checks it against a double-precision step before timing it.
  *
+ * Two layouts: fp32 (w, g, m, v), and that of mtopt_bench's bf16-master
+ * configuration: bf16 parameters p and gradients g, the fp32 masters in w,
+ * fp32 m and v; the step updates the master and writes p, the master
+ * rounded to nearest even. Both move 28 bytes per parameter.
+ *
  * The element formula below is read by both compilers (C and nvcc), so the
  * CPU loop and the CUDA kernel compute the same thing. */
 #ifndef MTOPT_BENCH_REF_ADAMW_H
@@ -13,6 +18,7 @@
 
 #include <math.h>
 #include <stdint.h>
+#include <string.h>
 
 #ifdef __CUDACC__
 #define REF_ADAMW_FN __host__ __device__ __forceinline__
@@ -31,9 +37,15 @@ typedef struct {
   float sqrt_bc2;     /* sqrt(1 - beta2^t) */
 } ref_adamw_hp_t;
 
+#define REF_ADAMW_F32 0
+#define REF_ADAMW_BF16_MASTER 1
+
 /* The buffers, the hyperparameters and the steps taken. */
 typedef struct {
-  float *w, *g, *m, *v;
+  int layout;       /* REF_ADAMW_* */
+  float *w, *m, *v; /* w: the weights, or (BF16_MASTER) the fp32 masters */
+  void *g;          /* float, or (BF16_MASTER) uint16_t bf16 */
+  uint16_t *p;      /* BF16_MASTER: the bf16 parameters */
   int64_t n;
   double lr, beta1, beta2, eps, weight_decay;
   int64_t t;         /* steps taken */
@@ -49,6 +61,20 @@ static inline void ref_adamw_next(ref_adamw_t *r) {
   r->hp.decay = (float)(1.0 - r->lr * r->weight_decay);
   r->hp.step_size = (float)(r->lr / (1.0 - pow(r->beta1, (double)r->t)));
   r->hp.sqrt_bc2 = (float)sqrt(1.0 - pow(r->beta2, (double)r->t));
+}
+
+/* bf16 <-> fp32: the upper half of the bits; to nearest even (finite x). */
+REF_ADAMW_FN float ref_bf16_to_f32(uint16_t h) {
+  const uint32_t b = (uint32_t)h << 16;
+  float x;
+  memcpy(&x, &b, 4);
+  return x;
+}
+
+REF_ADAMW_FN uint16_t ref_f32_to_bf16(float x) {
+  uint32_t b;
+  memcpy(&b, &x, 4);
+  return (uint16_t)((b + 0x7fffu + ((b >> 16) & 1u)) >> 16);
 }
 
 /* One element: torch.optim.AdamW's update (w *= 1 - lr wd; m, v moving

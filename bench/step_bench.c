@@ -23,8 +23,9 @@
  *                tables: docs/optimizers.md, "Segments")
  *   graph        CUDA: one fused step captured in a CUDA graph, graph replays
  *   graph-mixed  CUDA: the mixed step captured the same way
- *   ref-adamw    a reference fp32 AdamW written from scratch (ref_adamw.h, not
- *                the library's code) over one buffer of the total size, checked
+ *   ref-adamw    a reference AdamW written from scratch (ref_adamw.h, not the
+ *                library's code) over one buffer of the total size, fp32 or
+ *                (--dtype bf16-master) bf16 with fp32 masters, checked
  *                against a double step first: the floor is reachable
  *   copy         the floor: a copy of params x B/param / 2 bytes (it reads and
  *                writes as much as a step), one row for each B/param of the
@@ -97,7 +98,8 @@ static void usage(FILE *f) {
           "  --modes LIST            one-tensor,fused,packed,loop,mixed,packed-mixed,graph,\n"
           "                          ref-adamw,copy\n"
           "                          (default all; graph = graph and graph-mixed, CUDA\n"
-          "                          only; ref-adamw by default only for fp32 AdamW)\n"
+          "                          only; ref-adamw by default only for AdamW in f32\n"
+          "                          and bf16-master)\n"
           "  --iters N               timed steps (default 20)\n"
           "  --warmup N              untimed steps first (default 5 cuda, 3 cpu)\n"
           "  --loop-iters N          cap for the loop mode (default: 3 above 10000 tensors)\n"
@@ -244,9 +246,10 @@ static int parse_args(int argc, char **argv, opts_t *o) {
   if (o->warmup < 0) o->warmup = o->cuda ? 5 : 3;
   if (!modes_given) {
     for (int m = 0; m < M_COUNT; m++) o->modes[m] = 1;
-    /* The reference is fp32 AdamW: beside another optimizer or dtype it
-     * would add rows (and a copy row of its own bytes) that compare nothing. */
-    if (o->kind != MTOPT_OPTIMIZER_ADAMW || strcmp(o->prec->name, "f32") != 0)
+    /* The reference is AdamW in fp32 or bf16-master's layout (ref_adamw.h):
+     * beside another optimizer or dtype it would add rows (and a copy row of
+     * its own bytes) that compare nothing. */
+    if (o->kind != MTOPT_OPTIMIZER_ADAMW || bench_ref_layout(o->prec) < 0)
       o->modes[M_REF_ADAMW] = 0;
   }
   if (!o->cuda || !o->graph) o->modes[M_GRAPH] = o->modes[M_GRAPH_MIXED] = 0;
