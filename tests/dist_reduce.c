@@ -3,7 +3,8 @@
  * -np 1, 2 and 3; CUDA with --backend cuda): BF16 and F16 gradients and a
  * mixed table with F32 ones, at zero_stage 0 and 1, with and without
  * clipping, against one process; its accuracy against 16-bit reduction;
- * memory; sharded checkpoints; bad configs and ranks that disagree.
+ * memory; sharded checkpoints; bad configs and ranks that disagree; and,
+ * without it, F16 buckets whose sum over ranks leaves F16's range.
  *
  * The oracle: one process stepping the plain optimizer, with F32 gradients,
  * on the fp32 average: the ranks' gradients summed in rank order, times
@@ -469,6 +470,70 @@ START_TEST(test_bad_inputs) {
 }
 END_TEST
 
+static float round16(float x) { return mtopt__f16_to_f32(mtopt__f32_to_f16(x)); }
+
+/* Without reduce_f32: F16 gradients each rank holds finite, whose sum over
+ * ranks is not (two ranks' 40000 sum past 65504): the average is finite, so
+ * the step must not be skipped, and the averaged gradient must be each
+ * rank's value over the world, rounded (every transport scales F16 before
+ * summing). */
+START_TEST(test_f16_range) {
+  rec_t rec = {0};
+  mtopt_context_t *ctx = test_context();
+  enum { N = 37 };
+  void *w = mem_alloc(N * 2);
+  float h[N], got[N];
+  for (int i = 0; i < N; i++) h[i] = 0.25f + 0.01f * (float)i;
+  mem_put_as(w, MTOPT_DTYPE_F16, h, N);
+  mtopt_comm_config_t cc = small_buckets(_i);
+  mtopt_comm_t *comm = NULL;
+  EXPECT_OK(&rec, mtopt_comm_create_mpi(ctx, MPI_COMM_WORLD, &cc, &comm));
+  mtopt_tensor_list_t *l = NULL;
+  EXPECT_OK(&rec, mtopt_tensor_list_create(ctx, &l));
+  mtopt_tensor_desc_t t = MTOPT_TENSOR_DESC_INIT;
+  t.param = w, t.numel = N, t.param_dtype = t.grad_dtype = MTOPT_DTYPE_F16;
+  EXPECT_OK(&rec, mtopt_tensor_list_add(l, &t, NULL));
+  mtopt_optimizer_config_t oc = MTOPT_OPTIMIZER_CONFIG_INIT;
+  oc.master_weights = MTOPT_MASTER_F32;
+  oc.skip_nonfinite = 1;
+  mtopt_dist_optimizer_t *d = NULL;
+  EXPECT_OK(&rec, mtopt_dist_optimizer_create(comm, l, &oc, &d));
+  void *g = NULL;
+  if (d) EXPECT_OK(&rec, mtopt_dist_optimizer_get_grad(d, 0, &g));
+  /* Rank q's values, exact in f16 (whose spacing is 32 there). */
+#define F16_RANGE_G(i, q) (40000.0f + 32.0f * (float)(i) - 32.0f * (float)(q))
+  for (int i = 0; i < N; i++) h[i] = F16_RANGE_G(i, g_rank);
+  if (g) mem_put_as(g, MTOPT_DTYPE_F16, h, N);
+  if (d) EXPECT_OK(&rec, mtopt_dist_step(d));
+  if (d) EXPECT_OK(&rec, mtopt_dist_synchronize(d));
+  mtopt_optimizer_t *inner = NULL;
+  mtopt_step_info_t si = MTOPT_STEP_INFO_INIT;
+  if (d) EXPECT_OK(&rec, mtopt_dist_optimizer_get_optimizer(d, &inner));
+  if (inner) EXPECT_OK(&rec, mtopt_optimizer_get_step_info(inner, &si));
+  EXPECT(&rec, si.last_skipped == 0 && si.step == 1, "rank %d: skipped %d, step %lld", g_rank,
+         si.last_skipped, (long long)si.step);
+  if (g && !_i) { /* zero_stage 0: the buffer holds the average after the step */
+    mem_get_as(got, g, MTOPT_DTYPE_F16, N);
+    const float inv = (float)(1.0 / (double)g_world);
+    for (int i = 0; i < N; i++) {
+      float want = 0.0f; /* each rank's value scaled, rounded, summed in rank order */
+      for (int q = 0; q < g_world; q++)
+        want = round16(want + round16(F16_RANGE_G(i, q) * inv));
+      /* MPI may add three ranks' values in another order: one f16 ulp. */
+      const float slack = (g_world & (g_world - 1)) ? 32.0f : 0.0f;
+      EXPECT(&rec, fabsf(got[i] - want) <= slack, "rank %d: averaged g[%d] = %g, not %g", g_rank, i,
+             (double)got[i], (double)want);
+    }
+  }
+  EXPECT_OK(&rec, mtopt_dist_optimizer_destroy(d));
+  EXPECT_OK(&rec, mtopt_comm_destroy(comm));
+  EXPECT_OK(&rec, mtopt_tensor_list_destroy(l));
+  EXPECT_OK(&rec, mtopt_context_destroy(ctx));
+  mem_free(w);
+  REC_ASSERT(rec);
+}
+END_TEST
+
 Suite *dist_reduce_suite(void) {
   Suite *s = suite_create("dist_reduce");
   TCase *tc = tcase_create("dist_reduce");
@@ -478,6 +543,7 @@ Suite *dist_reduce_suite(void) {
   tcase_add_loop_test(tc, test_equivalence, 0, 4 * N_RF);
   tcase_add_loop_test(tc, test_closer, 0, 2);
   tcase_add_loop_test(tc, test_checkpoint, 0, 2);
+  tcase_add_loop_test(tc, test_f16_range, 0, 2);
   suite_add_tcase(s, tc);
   return s;
 }
