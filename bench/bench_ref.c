@@ -3,9 +3,10 @@
  *   ref-adamw  the reference AdamW of ref_adamw.h over one buffer of the
  *              shape's total size, fp32 or (--dtype bf16-master) bf16
  *              parameters and gradients with fp32 masters: whether the floor
- *              is reachable with real AdamW math in that layout. Before its first timing in a run it is checked
- *              against a double-precision step (a benchmark must not time a
- *              wrong kernel); a failed check fails every ref-adamw row.
+ *              is reachable with real AdamW math in that layout. Before its
+ *              first timing in a run it is checked against a
+ *              double-precision step (a benchmark must not time a wrong
+ *              kernel); a failed check fails every ref-adamw row.
  *   copy       the floor: a copy of params x B/param / 2 bytes (it reads and
  *              writes as much as a step of B/param bytes), one row for each
  *              B/param of the shape's other rows. Where the backend knows
