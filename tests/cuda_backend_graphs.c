@@ -29,10 +29,7 @@ static void graph_case(const cfg_t *t, int inf_at) {
 
   cudaGraph_t graph;
   cudaGraphExec_t exec;
-  TU_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-  TU_OK(mtopt_optimizer_step(graphed.opt));
-  TU_CUDA(cudaStreamEndCapture(stream, &graph));
-  TU_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  tu_capture_step(stream, cudaStreamCaptureModeGlobal, graphed.opt, &graph, &exec);
   mtopt_step_info_t info = MTOPT_STEP_INFO_INIT;
   TU_OK(mtopt_optimizer_get_step_info(graphed.opt, &info));
   ck_assert_int_eq(info.step, 0); /* capturing ran nothing */

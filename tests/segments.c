@@ -399,10 +399,7 @@ START_TEST(test_graph) {
   pair_open(&x, &rng, be, cg, ca, &c, 3, 0);
   cudaGraph_t graph;
   cudaGraphExec_t exec;
-  TU_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  TU_OK(mtopt_optimizer_step(x.op));
-  TU_CUDA(cudaStreamEndCapture(stream, &graph));
-  TU_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  tu_capture_step(stream, cudaStreamCaptureModeThreadLocal, x.op, &graph, &exec);
   for (int step = 1; step <= STEPS; step++) {
     pair_grads(&x, &rng, 1024.0f);
     const float lr = 1e-2f * (float)(1.0 + 0.4 * step);

@@ -171,3 +171,13 @@ int tu_main(Suite *s) {
   }
   return tu_run(s, b == MTOPT_BACKEND_CUDA);
 }
+
+#ifdef MTOPT_HAVE_CUDA
+void tu_capture_step(cudaStream_t stream, enum cudaStreamCaptureMode mode, mtopt_optimizer_t *opt,
+                     cudaGraph_t *graph, cudaGraphExec_t *exec) {
+  TU_CUDA(cudaStreamBeginCapture(stream, mode));
+  TU_OK(mtopt_optimizer_step(opt));
+  TU_CUDA(cudaStreamEndCapture(stream, graph));
+  TU_CUDA(cudaGraphInstantiate(exec, *graph, 0));
+}
+#endif

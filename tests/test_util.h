@@ -104,6 +104,10 @@ int tu_run(Suite *s, int nofork);
     cudaError_t tu_e_ = (expr);                                                \
     ck_assert_msg(tu_e_ == cudaSuccess, "%s: %s", #expr, cudaGetErrorString(tu_e_)); \
   } while (0)
+/* One mtopt_optimizer_step of opt captured on stream (capture mode mode)
+ * into *graph, instantiated into *exec. */
+void tu_capture_step(cudaStream_t stream, enum cudaStreamCaptureMode mode, mtopt_optimizer_t *opt,
+                     cudaGraph_t *graph, cudaGraphExec_t *exec);
 #endif
 
 #endif /* MTOPT_TEST_UTIL_H */
