@@ -1,9 +1,9 @@
 /* Where the library's own arrays go: the state slab (each tensor's moments or
  * momentum buffer and master weights; runs of small tensors array by array)
  * and one contiguous gradient buffer per gradient dtype (for tensors added
- * with grad == NULL), and the tensor records that point into them. One function both counts the bytes
- * (before allocation) and fills the records (after), so the two cannot
- * disagree. */
+ * with grad == NULL), and the tensor records that point into them. One
+ * function both counts the bytes (before allocation) and fills the records
+ * (after), so the two cannot disagree. */
 #include <string.h>
 
 #include "core.h"
