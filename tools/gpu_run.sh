@@ -294,10 +294,11 @@ if command -v ncu >/dev/null; then
   step ncu_small 150 bash -c "for s in many-mixed tiny-50k; do ${NCU[*]} \
     -k regex:'warp_kernel|block_kernel' -c 1 $BUILD/bench/mtopt_bench --backend cuda --shapes \$s \
     --modes fused --iters 1 --warmup 1 --check 0 || exit 1; done"
-  step ncu_large 150 bash -c "${NCU[*]} -k regex:block_kernel -c 1 $BUILD/bench/mtopt_bench \
-    --backend cuda --shapes gpt2-xl --modes fused --iters 1 --warmup 1 --check 0 && \
-    ${NCU[*]} -k regex:ref_kernel --launch-skip 3 -c 1 $BUILD/bench/mtopt_bench \
+  # The reference AdamW kernel on GPT-2 XL; a --dtype may follow.
+  NCU_REF="${NCU[*]} -k regex:ref_kernel --launch-skip 3 -c 1 $BUILD/bench/mtopt_bench \
     --backend cuda --shapes gpt2-xl --modes ref-adamw --iters 1 --warmup 1 --check 0"
+  step ncu_large 150 bash -c "${NCU[*]} -k regex:block_kernel -c 1 $BUILD/bench/mtopt_bench \
+    --backend cuda --shapes gpt2-xl --modes fused --iters 1 --warmup 1 --check 0 && $NCU_REF"
   # Mixed precision: the fused step's kernel on GPT-2 XL with fp32 masters
   # and with fp32 state and no masters (docs/perf_notes.md, v12: what the
   # fp32 path gets from its loop and these do not), and the reference AdamW
@@ -305,9 +306,7 @@ if command -v ncu >/dev/null; then
   step ncu_mixed 200 bash -c "for d in bf16-master bf16-nearest; do ${NCU[*]} \
     -k regex:block_kernel -c 1 $BUILD/bench/mtopt_bench --backend cuda --shapes gpt2-xl \
     --dtype \$d --modes fused --iters 1 --warmup 1 --check 0 || exit 1; done && \
-    ${NCU[*]} -k regex:ref_kernel --launch-skip 3 -c 1 $BUILD/bench/mtopt_bench \
-    --backend cuda --shapes gpt2-xl --dtype bf16-master --modes ref-adamw --iters 1 \
-    --warmup 1 --check 0"
+    $NCU_REF --dtype bf16-master"
 fi
 
 # ---- sanitizers (CUDA must not be touched before Check forks: CK_FORK=no) ----
