@@ -252,20 +252,22 @@ END_TEST
  * LAMB are summed in another order, so there to a tolerance. On the CPU
  * backend this test has nothing to compare and passes. _i < 8: kind x stats,
  * fp32 masters, bf16 state, stochastic rounding, tensors of up to 5000
- * elements. _i >= 8: AdamW, Adam, SGD, stochastic and to nearest, no
- * masters, bf16 state, over tensors of up to 200,001 elements, whose chunks
- * the CUDA update cuts into slices where it rounds to nearest
- * (step_kernels.cuh: slices_of). */
+ * elements. _i >= 8: AdamW, Adam, SGD over tensors of up to 200,001
+ * elements, whose chunks the CUDA update cuts into slices (step_kernels.cuh:
+ * slices_of) in each of its mixed flavours: bf16 state, stochastic and to
+ * nearest, no masters; fp32 state with fp32 masters; fp32 state, no masters,
+ * stochastic. */
 START_TEST(test_cpu_equals_cuda) {
   if (tu_backend() != MTOPT_BACKEND_CUDA) return;
   const int large = _i >= 8;
   const int kind = large ? (_i - 8) % 3 : _i % 8;
+  const int layout = large ? (_i - 8) / 3 : 0; /* 0, 1: bf16 state; 2, 3: fp32 state */
   tu_rng_t rng;
   tu_rng_init(&rng, tu_seed() + 809u * (uint64_t)_i);
   int p[MAXT], g[MAXT];
   static const int dts[3] = {MTOPT__DT_F32, MTOPT__DT_BF16, MTOPT__DT_F16};
-  for (int i = 0; i < MAXT; i++) {
-    p[i] = dts[i % 3];
+  for (int i = 0; i < MAXT; i++) { /* layout 3: 2-byte weights only (kFlavourMixedNarrowW) */
+    p[i] = layout == 3 ? dts[1 + i % 2] : dts[i % 3];
     g[i] = dts[(i / 3) % 3];
   }
   table_t h, d;
@@ -276,14 +278,14 @@ START_TEST(test_cpu_equals_cuda) {
   copy_w(&d, &h);
   mtopt_context_t *ch = tu_context(MTOPT_BACKEND_CPU), *cd = tu_context(MTOPT_BACKEND_CUDA);
   mtopt_optimizer_config_t c = kind_config(kind);
-  c.master_weights = large ? MTOPT_MASTER_NONE : MTOPT_MASTER_F32;
-  c.state_dtype = MTOPT_DTYPE_BF16;
-  c.rounding = large && _i >= 11 ? MTOPT_ROUNDING_NEAREST : MTOPT_ROUNDING_STOCHASTIC;
+  c.master_weights = large && layout != 2 ? MTOPT_MASTER_NONE : MTOPT_MASTER_F32;
+  c.state_dtype = layout < 2 ? MTOPT_DTYPE_BF16 : MTOPT_DTYPE_F32;
+  c.rounding = layout == 1 || layout == 2 ? MTOPT_ROUNDING_NEAREST : MTOPT_ROUNDING_STOCHASTIC;
   c.seed = tu_seed();
   if (large) c.chunk_size = 0; /* the library's choice: 65536 here */
   mtopt_tensor_list_t *lh, *ld;
   mtopt_optimizer_t *oh = make_opt(ch, &h, &c, &lh), *od = make_opt(cd, &d, &c, &ld);
-  if (large) { /* chunks long enough to be cut into slices (kSliceLenNarrow) */
+  if (large) { /* chunks long enough to be cut into slices (kSliceLenNarrow and kSliceLen) */
     mtopt_optimizer_info_t info = MTOPT_OPTIMIZER_INFO_INIT;
     TU_OK(mtopt_optimizer_get_info(od, &info));
     ck_assert_int_eq(info.chunk_size, 65536);
@@ -421,7 +423,7 @@ Suite *rounding_suite(void) {
   tcase_add_test(tc, test_stochastic_steps);
   tcase_add_loop_test(tc, test_no_master_one_step, 0, 8);
   tcase_add_test(tc, test_checkpoint_resume);
-  tcase_add_loop_test(tc, test_cpu_equals_cuda, 0, 14);
+  tcase_add_loop_test(tc, test_cpu_equals_cuda, 0, 20);
   tcase_add_test(tc, test_bf16_store_bits);
   suite_add_tcase(s, tc);
   return s;

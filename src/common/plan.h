@@ -144,6 +144,8 @@ typedef struct {
   int32_t stochastic; /* mtopt_rounding_t: low-precision writes without a master */
   int32_t bf16_state; /* state_dtype BF16: CUDA runs the mixed kernels built for
                          narrow layouts (step_kernels.cuh: kernel flavours) */
+  int32_t narrow_weights; /* every weight held in 2 bytes (F16/BF16 parameters, no
+                             masters or remainders): another CUDA flavour */
 } mtopt__plan_t;
 
 /* The passes of one step, in order, into out[]; returns how many. STATS when

@@ -248,10 +248,12 @@ mtopt_status_t mtopt__optimizer_create(mtopt_context_t *ctx, mtopt_tensor_list_t
   opt->num_state = nstate;
   int64_t total = 0;
   int all_f32 = c->state_dtype == MTOPT_DTYPE_F32;
+  int narrow_weights = c->master_weights == MTOPT_MASTER_NONE;
   for (int64_t i = 0; i < n; i++) {
     const mtopt_tensor_desc_t *d = &list->items[i].desc;
     total += d->numel;
     all_f32 = all_f32 && d->param_dtype == MTOPT_DTYPE_F32 && d->grad_dtype == MTOPT_DTYPE_F32;
+    narrow_weights = narrow_weights && d->param_dtype != MTOPT_DTYPE_F32;
     opt->tensors_host[i].first_chunk = first[i];
     opt->tensors_host[i].num_chunks = nch[i];
   }
@@ -328,6 +330,7 @@ mtopt_status_t mtopt__optimizer_create(mtopt_context_t *ctx, mtopt_tensor_list_t
   p->all_f32 = all_f32;
   p->stochastic = c->rounding == MTOPT_ROUNDING_STOCHASTIC;
   p->bf16_state = c->state_dtype == MTOPT_DTYPE_BF16;
+  p->narrow_weights = narrow_weights;
   opt->update_plan = p;
   if (runs) CHECK_GOTO(mtopt__update_plan(opt, cfg.chunk_size), st, fail);
 

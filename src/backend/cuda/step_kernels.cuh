@@ -27,9 +27,9 @@
  * from a counter (warp_kernel below).
  *
  * Slices: for the passes that reduce nothing across a chunk (the update of
- * AdamW, Adam and SGD) on all-F32 plans and on plans with bf16 state rounded
- * to nearest, each chunk of a large-chunk plan is cut into slices of about
- * kSliceLen (kSliceLenNarrow) elements, a block per slice, the slices
+ * AdamW, Adam and SGD) on every plan but those with bf16 state rounded
+ * stochastically, each chunk of a large-chunk plan is cut into slices of
+ * about kSliceLen (kSliceLenNarrow) elements, a block per slice, the slices
  * of one chunk in consecutive blocks. The blocks resident at any moment then
  * cover a few dozen chunks end to end rather than a thin piece of each of
  * hundreds: with the same arithmetic, the same bytes scattered over hundreds
@@ -60,7 +60,8 @@ namespace {
 
 /* The slice a block takes of a chunk (the update of AdamW, Adam and SGD on
  * large chunks): 8192 elements, 32 per thread, ran best of 2048 to 65536 on
- * GPT-2 XL and LLaMA 1.1B shapes (docs/perf_notes.md, v7). */
+ * GPT-2 XL and LLaMA 1.1B shapes, all-F32 (docs/perf_notes.md, v7) and mixed
+ * with fp32 state (of 8192, 11264, 16384 and whole chunks, v14). */
 constexpr int64_t kSliceLen = 8192;
 /* The same for plans with bf16 state rounded to nearest (the narrow mixed
  * flavour, a group of 8 elements a thread at a time): 16384 elements, 8
@@ -333,16 +334,25 @@ __device__ __forceinline__ void do_chunk(const mtopt__plan_t &p, int64_t c, int 
  * the block's completion count comes once, at the end. The block that exits
  * last resets the counter for the next launch (graph replays included). */
 /* Flavours of the block kernel, chosen per plan (launch below): all-F32, and
- * two of the mixed paths, compiled for the registers each kind of layout
- * wants. With bf16 state (8 bf16 of each array per group) a cap of 64
- * registers, for 4 resident blocks per SM, lifted GPT-2 XL bf16 everywhere
- * from 0.74 to 0.92 of the copy; with fp32 state the same cap serialises the
- * wide loads (bf16 + fp32 masters 0.93 -> 0.85), so those build uncapped
- * (docs/perf_notes.md, v6). */
-constexpr int kFlavourF32 = 0, kFlavourMixed = 1, kFlavourNarrow = 2;
+ * three of the mixed paths, compiled for the registers each kind of layout
+ * wants, as resident blocks per SM (blocks_per_sm):
+ * - bf16 state (8 bf16 of each array per group): 4 (64 registers), which
+ *   lifted GPT-2 XL bf16 everywhere from 0.74 to 0.92 of the copy (v6);
+ * - fp32 state with 4-byte weights (fp32 masters or parameters, or bf16 and
+ *   remainders): 3 (80), bf16 + fp32 masters 0.946 of the copy against 0.932
+ *   at 4 and 0.929 uncapped (112 registers, 2 blocks), sliced in all three
+ *   (docs/perf_notes.md, v14; unsliced, 64 registers serialised the wide
+ *   loads: 0.85, v6);
+ * - fp32 state with 2-byte weights (bf16 parameters, no masters), the update
+ *   pass only: 4, 0.957 against 0.944 at 3 (v14). */
+constexpr int kFlavourF32 = 0, kFlavourMixed = 1, kFlavourNarrow = 2, kFlavourMixedNarrowW = 3;
+
+constexpr int blocks_per_sm(int fl) {
+  return fl == kFlavourMixed ? 3 : fl == kFlavourF32 ? 1 : 4;
+}
 
 template <int PASS, int KIND, int FL>
-__global__ void __launch_bounds__(kBlock, FL == kFlavourNarrow ? 4 : 1)
+__global__ void __launch_bounds__(kBlock, blocks_per_sm(FL))
     block_kernel(mtopt__plan_t p, int64_t c0, int slices) {
   __shared__ ChunkView v;
   do_chunk<kBlock, PASS, KIND, FL != kFlavourF32>(p, c0 + blockIdx.x / slices,
@@ -384,17 +394,16 @@ __global__ void __launch_bounds__(kBlock) warp_kernel(mtopt__plan_t p, int64_t c
  * the registers of the mixed-precision paths do not cut their occupancy; the
  * small-chunk kernel has one mixed flavour. */
 /* Slices per chunk of a large-chunk plan's pass (see "Slices" above): about
- * kSliceLen (all-F32) or kSliceLenNarrow (bf16 state, to nearest) elements
- * of a mean chunk each (so that few slices are empty); 1 for the passes that
- * fill per-chunk slots, where the grid would pass 2^31-1 blocks, and for the
- * other mixed-precision plans: their update, a group of 8 per thread with no
- * loads in flight across groups, lost 1-10% when sliced, the per-block
- * set-up weighing more than the locality gained (perf_notes, v7 and v12). */
+ * kSliceLenNarrow (bf16 state, to nearest) or kSliceLen (the others)
+ * elements of a mean chunk each (so that few slices are empty); 1 for the
+ * passes that fill per-chunk slots, where the grid would pass 2^31-1 blocks,
+ * and for bf16 state rounded stochastically, where no slice length beat
+ * whole chunks (perf_notes, v7, v12 and v14). */
 template <int PASS, int KIND>
 int slices_of(const mtopt__plan_t &p) {
   if (PASS != MTOPT__PASS_UPDATE || KIND == MTOPT__KIND_LAMB) return 1;
-  if (!p.all_f32 && !(p.bf16_state && !p.stochastic)) return 1;
-  const int64_t per = p.all_f32 ? kSliceLen : kSliceLenNarrow;
+  if (p.bf16_state && p.stochastic) return 1;
+  const int64_t per = p.bf16_state ? kSliceLenNarrow : kSliceLen;
   const int64_t len = p.mean_chunk_len < p.chunk_size ? p.mean_chunk_len : p.chunk_size;
   const int64_t s = (len + per - 1) / per;
   return s > 1 && p.num_chunks * s <= INT32_MAX ? (int)s : 1;
@@ -422,8 +431,14 @@ void launch(const mtopt__plan_t &p, int sm_count, int64_t c0, int64_t c1, cudaSt
     launch<PASS, KIND, kFlavourF32>(p, sm_count, c0, c1, stream);
   else if (p.bf16_state)
     launch<PASS, KIND, kFlavourNarrow>(p, sm_count, c0, c1, stream);
-  else
+  else if constexpr (PASS == MTOPT__PASS_UPDATE && KIND != MTOPT__KIND_LAMB) {
+    if (p.narrow_weights)
+      launch<PASS, KIND, kFlavourMixedNarrowW>(p, sm_count, c0, c1, stream);
+    else
+      launch<PASS, KIND, kFlavourMixed>(p, sm_count, c0, c1, stream);
+  } else {
     launch<PASS, KIND, kFlavourMixed>(p, sm_count, c0, c1, stream);
+  }
 }
 
 } /* namespace */
