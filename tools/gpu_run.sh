@@ -5,13 +5,15 @@
 #
 #   tools/gpu_run.sh [OUT]          (OUT defaults to ./gpu-out)
 #
-# OUT ends up with at most 7 files:
+# OUT ends up with at most 9 files:
 #   gpu.log           everything, in order
 #   summary.txt       one line per step: status, exit code, seconds
 #   mtopt_bench.json  mtopt_bench --backend cuda, all nine shapes
 #   torch_bench.json  bench/torch_bench.py on the same shapes
 #   bench_table.md    bench/compare.py's table (docs/benchmarks.md, "GPU (H200)")
 #   bench_gpu.png     bench/compare.py's plot
+#   bench_dtypes.md   bench/plot_dtypes.py's table (docs/benchmarks.md, "Mixed precision")
+#   bench_gpu_dtypes.png  its plot (where matplotlib is installed)
 #   logs.tar.gz       one log per step, the CSVs, the CMake/ctest logs
 #
 # Check: where the host lacks it, put the .debs in .deps/ (on a Debian-like
@@ -31,7 +33,7 @@
 #                               (deps configure build ctest_cuda ctest_mpi
 #                               pytest_torch shapes_agree mtopt_bench torch_bench
 #                               mtopt_bench_optimizers mtopt_bench_dtypes
-#                               torch_bench_dtypes compare mnist_gpu
+#                               plot_dtypes torch_bench_dtypes compare mnist_gpu
 #                               dist_bench ctest_cpu cpu_vs_torch multi_dist_test
 #                               multi_dist_bench multi_nccl_ref multi_mnist
 #                               ncu_small ncu_large ncu_mixed memcheck racecheck)
@@ -224,6 +226,10 @@ step mtopt_bench_dtypes 240 bash -c "for d in bf16-master bf16-remainder bf16-ne
   [ \$d = bf16-master ] && m=\$m,ref-adamw; \"$BUILD/bench/mtopt_bench\" --backend cuda \
   --shapes gpt2-xl,llama-1.1b --modes \$m --iters 20 --warmup 5 --dtype \$d \
   --json \"$LOGS/mtopt_bench_\$d.json\" || exit 1; done"
+PLOT_PNG=()
+python3 -c "import matplotlib" 2>/dev/null && PLOT_PNG=(--png "$OUT/bench_gpu_dtypes.png")
+step plot_dtypes 60 python3 "$ROOT/bench/plot_dtypes.py" "$LOGS"/mtopt_bench_*-*.json \
+  --md "$OUT/bench_dtypes.md" "${PLOT_PNG[@]}"
 step torch_bench_dtypes 180 python3 "$ROOT/bench/torch_bench.py" --shapes gpt2-xl,llama-1.1b \
   --modes bf16-fused,bf16-fused-graph,master-recipe,master-recipe-graph --iters 20 --warmup 5 \
   --json "$LOGS/torch_bench_dtypes.json"

@@ -61,7 +61,8 @@ namespace {
 /* The slice a block takes of a chunk (the update of AdamW, Adam and SGD on
  * large chunks): 8192 elements, 32 per thread, ran best of 2048 to 65536 on
  * GPT-2 XL and LLaMA 1.1B shapes, all-F32 (docs/perf_notes.md, v7) and mixed
- * with fp32 state (of 8192, 11264, 16384 and whole chunks, v14). */
+ * with fp32 state (of 4096, 6144, 8192, 11264, 16384 and whole chunks:
+ * docs/perf_notes_mixed.md, v14). */
 constexpr int64_t kSliceLen = 8192;
 /* The same for plans with bf16 state rounded to nearest (the narrow mixed
  * flavour, a group of 8 elements a thread at a time): 16384 elements, 8
@@ -338,13 +339,14 @@ __device__ __forceinline__ void do_chunk(const mtopt__plan_t &p, int64_t c, int 
  * wants, as resident blocks per SM (blocks_per_sm):
  * - bf16 state (8 bf16 of each array per group): 4 (64 registers), which
  *   lifted GPT-2 XL bf16 everywhere from 0.74 to 0.92 of the copy (v6);
- * - fp32 state with 4-byte weights (fp32 masters or parameters, or bf16 and
- *   remainders): 3 (80), bf16 + fp32 masters 0.946 of the copy against 0.932
- *   at 4 and 0.929 uncapped (112 registers, 2 blocks), sliced in all three
- *   (docs/perf_notes.md, v14; unsliced, 64 registers serialised the wide
- *   loads: 0.85, v6);
+ * - fp32 state with 4-byte weights (fp32 masters or parameters, or bf16 with
+ *   remainders): 3 (74 registers), with slices of kSliceLen: GPT-2 XL bf16 +
+ *   fp32 masters 0.946 of the copy, against 0.932 at 4 blocks and 0.925
+ *   uncapped on whole chunks (112 registers, 2 blocks); capped on whole
+ *   chunks it lost (0.894 at 3 blocks, docs/perf_notes_mixed.md v14; 0.85 at
+ *   64 registers, v6);
  * - fp32 state with 2-byte weights (bf16 parameters, no masters), the update
- *   pass only: 4, 0.957 against 0.944 at 3 (v14). */
+ *   pass only: 4, bf16 with fp32 state 0.957 against 0.944 at 3 (v14). */
 constexpr int kFlavourF32 = 0, kFlavourMixed = 1, kFlavourNarrow = 2, kFlavourMixedNarrowW = 3;
 
 constexpr int blocks_per_sm(int fl) {
@@ -398,7 +400,7 @@ __global__ void __launch_bounds__(kBlock) warp_kernel(mtopt__plan_t p, int64_t c
  * elements of a mean chunk each (so that few slices are empty); 1 for the
  * passes that fill per-chunk slots, where the grid would pass 2^31-1 blocks,
  * and for bf16 state rounded stochastically, where no slice length beat
- * whole chunks (perf_notes, v7, v12 and v14). */
+ * whole chunks (perf_notes.md v7 and v12, perf_notes_mixed.md v14). */
 template <int PASS, int KIND>
 int slices_of(const mtopt__plan_t &p) {
   if (PASS != MTOPT__PASS_UPDATE || KIND == MTOPT__KIND_LAMB) return 1;
