@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# Builds of one tree with different CUDA flags, timed against each other in
+# one run on a GPU host: the A/B measurement of a kernel change
+# (docs/perf_notes_mixed.md, v14). Each variant is NAME=FLAGS, where FLAGS go
+# to CMAKE_CUDA_FLAGS (typically -D switches that the change reads while it
+# is tried; an empty FLAGS is the tree as it is). The variants build in
+# parallel, bench-only (no tests, examples or MPI), then take turns: for each
+# --dtype, each variant runs mtopt_bench once, so a drift of the machine
+# spreads over all of them.
+#
+#   tools/gpu_variants.sh OUT NAME=FLAGS [NAME=FLAGS ...]
+#
+# OUT gets summary.txt (one line per variant and dtype: each shape's step
+# ms, its copy floor's ms and the fraction), the resource usage (registers,
+# stack) of each build's block kernels, and results.tar.gz with the JSON.
+# Environment:
+#   DTYPES="bf16-master f32"   the --dtype list (default: the eight of
+#                              gpu_run.sh's mtopt_bench_dtypes)
+#   SHAPES=gpt2-xl,llama-1.1b  MODES=fused,copy  ITERS=20
+#   BUDGET=560                 seconds; the benches stop when it runs out
+set -u -o pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+[ $# -ge 2 ] || { sed -n '2,23p' "$0"; exit 2; }
+mkdir -p "$1"
+OUT=$(cd "$1" && pwd)
+shift
+export PATH="$PATH:/usr/local/cuda/bin"
+DTYPES=${DTYPES:-bf16-master bf16-remainder bf16-nearest bf16-sr bf16-all bf16-all-sr \
+f32-bf16grad mixed-table}
+BUDGET=${BUDGET:-560}
+RES=$(mktemp -d)
+NAMES=()
+JOBS=$(( $(nproc) / $# > 1 ? $(nproc) / $# : 1 ))
+for v in "$@"; do
+  name=${v%%=*}
+  flags=${v#*=}
+  NAMES+=("$name")
+  ( cmake -S "$ROOT" -B "/tmp/variant-$name" -DCMAKE_BUILD_TYPE=Release -DMTOPT_WITH_CUDA=ON \
+      -DCMAKE_CUDA_ARCHITECTURES=90 -DMTOPT_BUILD_TESTS=OFF -DMTOPT_BUILD_EXAMPLES=OFF \
+      -DMTOPT_WITH_MPI=OFF -DMTOPT_GIT_COMMIT="${MTOPT_GIT_COMMIT:-}" \
+      "-DCMAKE_CUDA_FLAGS=$flags" >"$RES/configure-$name.log" 2>&1 &&
+    cmake --build "/tmp/variant-$name" --target mtopt_bench -j"$JOBS" \
+      >"$RES/build-$name.log" 2>&1
+    echo "build $name ($flags): rc $? at ${SECONDS}s" ) &
+done
+wait
+{
+  for name in "${NAMES[@]}"; do
+    echo "== $name"
+    cuobjdump -res-usage /tmp/variant-"$name"/libmtopt.so 2>/dev/null |
+      grep -A1 block_kernel | grep -o "block_kernelILi[0-9]ELi[0-9]ELi[0-9]E\|REG:[0-9]*\|STACK:[0-9]*" |
+      paste - - -
+  done
+} >"$OUT/resources.txt"
+: >"$OUT/summary.txt"
+for d in $DTYPES; do
+  for name in "${NAMES[@]}"; do
+    if [ "$SECONDS" -gt "$BUDGET" ]; then
+      echo "out of time at ${SECONDS}s" | tee -a "$OUT/summary.txt"
+      break 2
+    fi
+    json=$RES/$name-$d.json
+    timeout 120 "/tmp/variant-$name/bench/mtopt_bench" --backend cuda \
+      --shapes "${SHAPES:-gpt2-xl,llama-1.1b}" --modes "${MODES:-fused,copy}" \
+      --iters "${ITERS:-20}" --warmup 5 --dtype "$d" --json "$json" >"$RES/$name-$d.log" 2>&1 ||
+      echo "$name $d: mtopt_bench failed" | tee -a "$OUT/summary.txt"
+    [ -s "$json" ] && python3 - "$json" "$name" "$d" >>"$OUT/summary.txt" <<'PY'
+import json, sys
+rows = [r for r in json.load(open(sys.argv[1]))["rows"] if r["mode"] != "copy"]
+print(sys.argv[2], sys.argv[3], "  ".join(
+    f"{r['shape']} {r['mode']} {r['ms']:.3f}/{r['floor_ms']:.3f}={r['frac_of_floor']:.3f}"
+    for r in rows))
+PY
+  done
+done
+tar czf "$OUT/results.tar.gz" -C "$RES" .
+cat "$OUT/resources.txt" "$OUT/summary.txt"
