@@ -18,9 +18,9 @@
  *                step a model with a per-tensor kernel today
  *   mixed        the full mixed-precision step: dynamic loss scale, global-norm
  *                clipping (max_grad_norm 1), then the update
- *   packed-mixed the mixed step over the tensors packed: the statistics pass
- *                over the tensors, the update over the segments (all-F32
- *                tables: docs/optimizers.md, "Segments")
+ *   packed-mixed the mixed step over the tensors packed: both passes over
+ *                the segments (all-F32 tables: docs/optimizers.md,
+ *                "Segments")
  *   graph        CUDA: one fused step captured in a CUDA graph, graph replays
  *   graph-mixed  CUDA: the mixed step captured the same way
  *   ref-adamw    a reference AdamW written from scratch (ref_adamw.h, not the

@@ -487,9 +487,9 @@ typedef struct {
   int64_t state_bytes;
   int launches_per_step;
   int bytes_per_param; /* memory traffic of one step, fp32, counted in docs/ */
-  /* Tensor records the update pass steps: num_tensors, or fewer where runs
-   * of small tensors that lie back to back step as one (docs/optimizers.md,
-   * "Segments"). Since 0.4. */
+  /* Tensor records the statistics and update passes step: num_tensors, or
+   * fewer where runs of small tensors that lie back to back step as one
+   * (docs/optimizers.md, "Segments"). Since 0.4. */
   int64_t update_tensors;
 } mtopt_optimizer_info_t;
 

@@ -43,9 +43,9 @@ struct mtopt_optimizer {
   mtopt__hyper_t hyper_host; /* host mirror of the hyperparameters */
   mtopt__group_rec_t groups_host[MTOPT_MAX_GROUPS]; /* host mirror of plan.groups */
   mtopt__plan_t plan;        /* pointers into dev_tables */
-  /* The plan of the update pass: &plan, or &segment_plan where tensors merge
-   * into segments (core/segments.c). */
-  const mtopt__plan_t *update_plan;
+  /* The plan every pass of a step runs over: &plan, or &segment_plan where
+   * tensors merge into segments (core/segments.c). */
+  const mtopt__plan_t *step_plan;
   mtopt__plan_t segment_plan; /* pointers into dev_segments */
   mtopt__tensor_rec_t *tensors_host;
   int64_t total_numel;
@@ -54,7 +54,7 @@ struct mtopt_optimizer {
   /* Backend allocations, released on destroy. */
   void *dev_tables; /* tensors, chunks, groups, hyper, slots, stats_sum */
   void *dev_state;  /* the state slab: moments, momentum buffers, masters */
-  void *dev_segments; /* the segment plan's tensors and chunks, or NULL */
+  void *dev_segments; /* the segment plan's tensors, chunks and slots, or NULL */
   /* The contiguous gradient buffers, one per gradient dtype (MTOPT__DT_*), or
    * NULL; their lengths in bytes. */
   void *dev_grads[MTOPT__NUM_DTYPES];
@@ -120,11 +120,11 @@ MTOPT__HIDDEN int64_t mtopt__segments(const mtopt__tensor_rec_t *recs, int64_t n
 MTOPT__HIDDEN int mtopt__segment_member(const mtopt__tensor_rec_t *t);
 MTOPT__HIDDEN int mtopt__segment_continues(const mtopt__tensor_rec_t *s,
                                            const mtopt__tensor_rec_t *t);
-/* Sets opt->update_plan: the segment plan (its tables allocated in
- * dev_segments) where any tensors merge, else &opt->plan. chunk_size: the
+/* Sets opt->step_plan: the segment plan (its tables and statistics slots
+ * allocated in dev_segments) where any tensors merge, else &opt->plan. chunk_size: the
  * config's (0: chosen for the segments as for tensors). Only for plans whose
  * layout had runs (mtopt__layout). */
-MTOPT__HIDDEN mtopt_status_t mtopt__update_plan(mtopt_optimizer_t *opt, int64_t chunk_size);
+MTOPT__HIDDEN mtopt_status_t mtopt__build_step_plan(mtopt_optimizer_t *opt, int64_t chunk_size);
 
 /* The chunk size of chunk_size 0 for tensors of numel[0..n-1] elements:
  * 65536, or 4096 where they average under 4096 elements (core/chunk_table.c). */

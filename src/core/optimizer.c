@@ -331,8 +331,8 @@ mtopt_status_t mtopt__optimizer_create(mtopt_context_t *ctx, mtopt_tensor_list_t
   p->stochastic = c->rounding == MTOPT_ROUNDING_STOCHASTIC;
   p->bf16_state = c->state_dtype == MTOPT_DTYPE_BF16;
   p->narrow_weights = narrow_weights;
-  opt->update_plan = p;
-  if (runs) CHECK_GOTO(mtopt__update_plan(opt, cfg.chunk_size), st, fail);
+  opt->step_plan = p;
+  if (runs) CHECK_GOTO(mtopt__build_step_plan(opt, cfg.chunk_size), st, fail);
 
   free(numel);
   free(first);
@@ -371,13 +371,8 @@ mtopt_status_t mtopt__check_opt(const mtopt_optimizer_t *opt, const char *fn) {
   return MTOPT_STATUS_SUCCESS;
 }
 
-/* The plan a pass runs over: the update's where tensors merge into segments. */
-static const mtopt__plan_t *pass_plan(const mtopt_optimizer_t *opt, mtopt__pass_t pass) {
-  return pass == MTOPT__PASS_UPDATE ? opt->update_plan : &opt->plan;
-}
-
-/* Every pass of the step over all chunks, the update over the segments'
- * where tensors merge. A plan with no chunks still runs its passes: the step
+/* Every pass of the step over all chunks of opt->step_plan (the segments'
+ * where tensors merge). A plan with no chunks still runs its passes: the step
  * counts, as in torch. A plan that defers its statistics (built for the
  * distributed layer) finishes them locally here. */
 mtopt_status_t mtopt_optimizer_step(mtopt_optimizer_t *opt) {
@@ -385,8 +380,7 @@ mtopt_status_t mtopt_optimizer_step(mtopt_optimizer_t *opt) {
   mtopt__pass_t passes[MTOPT__MAX_PASSES];
   const int n = mtopt__step_passes(&opt->plan, passes);
   for (int i = 0; i < n; i++) {
-    CHECK(mtopt__optimizer_run_pass(opt, passes[i], 0, pass_plan(opt, passes[i])->num_chunks,
-                                    NULL));
+    CHECK(mtopt__optimizer_run_pass(opt, passes[i], 0, opt->step_plan->num_chunks, NULL));
     if (passes[i] == MTOPT__PASS_STATS && opt->plan.defer_stats)
       CHECK(mtopt__optimizer_finish_stats(opt));
   }
@@ -405,7 +399,7 @@ const mtopt__tensor_rec_t *mtopt__optimizer_tensor(const mtopt_optimizer_t *opt,
 
 mtopt_status_t mtopt__optimizer_run_pass(mtopt_optimizer_t *opt, mtopt__pass_t pass,
                                          int64_t c0, int64_t c1, void *const *stream) {
-  return opt->ctx->ops->run_pass(opt->ctx, pass_plan(opt, pass), pass, c0, c1, stream);
+  return opt->ctx->ops->run_pass(opt->ctx, opt->step_plan, pass, c0, c1, stream);
 }
 
 mtopt_status_t mtopt__optimizer_finish_stats(mtopt_optimizer_t *opt) {

@@ -278,7 +278,7 @@ mtopt_status_t mtopt_optimizer_get_info(const mtopt_optimizer_t *opt,
                                                        opt->num_state);
   /* A caller built against an older header passes a smaller struct. */
   if (info->struct_size >= offsetof(mtopt_optimizer_info_t, update_tensors) + sizeof(int64_t))
-    info->update_tensors = opt->update_plan->num_tensors;
+    info->update_tensors = opt->step_plan->num_tensors;
   if (opt->total_numel > 0) {
     info->bytes_per_param = (int)((bytes + opt->total_numel / 2) / opt->total_numel);
   } else {

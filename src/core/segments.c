@@ -1,16 +1,18 @@
 /* Segments: a run of consecutive small tensors that lie back to back in every
  * array (parameter, gradient, each state array) and share group and flags is
- * stepped, in the update pass of AdamW, Adam and SGD, as one tensor of their
- * total length. Those updates are elementwise, with scalars that depend only
- * on the hyperparameters, the group and the flags, so every bit is the same;
- * what changes is the chunk table: long contiguous chunks where there were
- * one or a few short ones per tensor. DRAM serves those at the large-tensor
- * rate (docs/perf_notes_small.md, v10: the same bytes ran at 0.79 of a copy as
- * 100,000 mixed-size tensors, 0.94 as flat runs).
+ * stepped, in the statistics and update passes of AdamW, Adam and SGD, as one
+ * tensor of their total length. The updates are elementwise, with scalars
+ * that depend only on the hyperparameters, the group and the flags, so every
+ * bit is the same; what changes is the chunk table: long contiguous chunks
+ * where there were one or a few short ones per tensor. DRAM serves those at
+ * the large-tensor rate (docs/perf_notes_small.md, v10: the same bytes ran at
+ * 0.79 of a copy as 100,000 mixed-size tensors, 0.94 as flat runs). The
+ * statistics pass sums the squares per chunk of this table, in double, so
+ * its norm equals the same tensors' apart up to the rounding of those double
+ * sums: the float norm (and with it the clip factor) the same but for a
+ * double sum that rounds across a float's half-ulp (tests/segments.c).
  *
- * The rest keeps the registered tensors: the statistics pass (its norm is a
- * sum in chunk order, defined by the per-tensor table, so a packed layout
- * gives the same norm as any other), LAMB (its trust ratio is per tensor),
+ * The rest keeps the registered tensors: LAMB (its trust ratio is per tensor),
  * tables with F16/BF16 arrays or master weights (stochastic rounding keys its
  * bits on the tensor; the mixed kernels read per-tensor dtypes), and the
  * distributed layer's optimizers (their chunk ranges are buckets). Tensors of
@@ -58,17 +60,21 @@ int64_t mtopt__segments(const mtopt__tensor_rec_t *recs, int64_t n, mtopt__tenso
   return k + open;
 }
 
-/* Backend memory of the segment plan: its tensor records, then its chunk
- * records, 256-byte aligned. */
-static size_t chunks_offset(int64_t nseg) {
-  return MTOPT__ALIGN_UP((size_t)nseg * sizeof(mtopt__tensor_rec_t), (size_t)256);
+/* Backend memory of the segment plan: its tensor records, its chunk records,
+ * then its statistics slots (a sum of squares and a non-finite count per
+ * chunk), each 256-byte aligned; offsets in at[0..2], the size returned. */
+static size_t segment_tables(int64_t nseg, int64_t nchunks, size_t at[3]) {
+  at[0] = MTOPT__ALIGN_UP((size_t)nseg * sizeof(mtopt__tensor_rec_t), (size_t)256);
+  at[1] = MTOPT__ALIGN_UP(at[0] + (size_t)nchunks * sizeof(mtopt__chunk_rec_t), (size_t)256);
+  at[2] = MTOPT__ALIGN_UP(at[1] + (size_t)nchunks * sizeof(mtopt__sum_t), (size_t)256);
+  return at[2] + (size_t)nchunks * sizeof(uint32_t);
 }
 
-mtopt_status_t mtopt__update_plan(mtopt_optimizer_t *opt, int64_t chunk_size) {
+mtopt_status_t mtopt__build_step_plan(mtopt_optimizer_t *opt, int64_t chunk_size) {
   static const char fn[] = "mtopt_optimizer_create";
   mtopt_context_t *ctx = opt->ctx;
   const mtopt__plan_t *p = &opt->plan;
-  opt->update_plan = &opt->plan;
+  opt->step_plan = &opt->plan;
   if (p->num_tensors < 2) return MTOPT_STATUS_SUCCESS;
   const int64_t n = p->num_tensors;
   const int64_t nseg = mtopt__segments(opt->tensors_host, n, NULL);
@@ -110,22 +116,24 @@ mtopt_status_t mtopt__update_plan(mtopt_optimizer_t *opt, int64_t chunk_size) {
     segs[k].first_chunk = first[k];
     segs[k].num_chunks = nch[k];
   }
-  const size_t at = chunks_offset(nseg);
-  CHECK_GOTO(ctx->ops->alloc(ctx, at + (size_t)nchunks * sizeof *chunks, &opt->dev_segments),
-             st, done);
+  size_t at[3];
+  CHECK_GOTO(ctx->ops->alloc(ctx, segment_tables(nseg, nchunks, at), &opt->dev_segments), st,
+             done);
   char *base = opt->dev_segments;
   CHECK_GOTO(ctx->ops->upload(ctx, base, segs, (size_t)nseg * sizeof *segs), st, done);
-  CHECK_GOTO(ctx->ops->upload(ctx, base + at, chunks, (size_t)nchunks * sizeof *chunks), st,
+  CHECK_GOTO(ctx->ops->upload(ctx, base + at[0], chunks, (size_t)nchunks * sizeof *chunks), st,
              done);
   mtopt__plan_t *s = &opt->segment_plan;
-  *s = opt->plan; /* the same hyperparameters, groups and slots */
+  *s = opt->plan; /* the same hyperparameters and groups */
   s->tensors = (const mtopt__tensor_rec_t *)base;
-  s->chunks = (const mtopt__chunk_rec_t *)(base + at);
+  s->chunks = (const mtopt__chunk_rec_t *)(base + at[0]);
+  s->slot_gsq = (mtopt__sum_t *)(base + at[1]);
+  s->slot_nonfinite = (uint32_t *)(base + at[2]);
   s->num_tensors = nseg;
   s->num_chunks = nchunks;
   s->chunk_size = chunk_size;
   s->mean_chunk_len = p->num_elements / nchunks;
-  opt->update_plan = s;
+  opt->step_plan = s;
 done:
   free(segs);
   free(numel);
