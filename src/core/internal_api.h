@@ -91,10 +91,10 @@ MTOPT__INTERNAL const mtopt__plan_t *mtopt__optimizer_plan(const mtopt_optimizer
 /* Tensor i's record (host copy; w, g, s0, s1 are backend addresses). */
 MTOPT__INTERNAL const mtopt__tensor_rec_t *mtopt__optimizer_tensor(const mtopt_optimizer_t *opt,
                                                                    int64_t i);
-/* One pass over chunks [c0, c1) of the pass's plan (backend.h's run_pass):
- * the update over the segment plan where tensors merge (core/segments.c),
- * which the distributed layer's optimizers never do, so their ranges are
- * always of mtopt__optimizer_plan's chunks. */
+/* One pass over chunks [c0, c1) of the step's plan (backend.h's run_pass):
+ * the segment plan where tensors merge (core/segments.c), which the
+ * distributed layer's optimizers never do, so their ranges are always of
+ * mtopt__optimizer_plan's chunks. */
 MTOPT__INTERNAL mtopt_status_t mtopt__optimizer_run_pass(mtopt_optimizer_t *opt,
                                                          mtopt__pass_t pass, int64_t c0,
                                                          int64_t c1, void *const *stream);
