@@ -15,7 +15,8 @@ group of bars per configuration, one bar per shape, with the target as a line.
 import argparse
 import json
 
-# (dtype name, label), in table and plot order
+# (dtype name, label), in table and plot order; a --dtype not listed here
+# (bench_modes.c has the list) follows them, its name as its label
 CONFIGS = [
     ("bf16-master", "bf16 params and grads, fp32 master, fp32 state"),
     ("bf16-remainder", "the same with remainders"),
@@ -99,6 +100,8 @@ def main():
     ap.add_argument("--title", default="mtopt AdamW in mixed precision against the copy floor")
     args = ap.parse_args()
     runs, shapes = load(args.json)
+    known = {n for n, _ in CONFIGS}
+    CONFIGS.extend((n, n) for n in runs if n not in known)
     md = markdown(runs, shapes)
     if args.md:
         with open(args.md, "w") as f:

@@ -3,8 +3,8 @@
  * (which merge) against the same tensors each in its own allocation at the
  * same 16-byte residue (which do not): weights and state bit for bit after
  * every step, the gradient norm to a float ulp (summed over the segments'
- * chunks: on the CPU, their slots are checked), for AdamW, Adam and SGD with groups, no-decay
- * tensors, empty tensors, a large tensor amid small ones, clipping and a
+ * chunks: on the CPU, their slots are checked), for AdamW, Adam and SGD with
+ * groups, no-decay tensors, empty tensors, a large tensor amid small ones, clipping and a
  * loss scale, both chunk sizes, an lr change mid-run; on CUDA also from a
  * captured graph. LAMB and low-precision tables keep their tensors. CPU
  * backend; MTOPT_TEST_BACKEND=cuda runs it on CUDA. */
@@ -292,19 +292,27 @@ static int same_info(mtopt_optimizer_t *op, mtopt_optimizer_t *oa, int step) {
 }
 
 /* CPU: the statistics pass ran over the segments' chunks. Their slots,
- * poisoned before the step (poison_slots), sum to the packed norm's square. */
+ * poisoned before the step (poison_slots: NaN sums, non-finite counts of 1),
+ * sum to the packed norm's square and count no non-finite gradient. */
 static void poison_slots(mtopt_optimizer_t *op) {
   if (tu_backend() != MTOPT_BACKEND_CPU) return;
   const mtopt__plan_t *s = op->step_plan;
   ck_assert_ptr_eq(s, &op->segment_plan);
-  for (int64_t k = 0; k < s->num_chunks; k++) s->slot_gsq[k] = NAN;
+  for (int64_t k = 0; k < s->num_chunks; k++) {
+    s->slot_gsq[k] = NAN;
+    s->slot_nonfinite[k] = 1u;
+  }
 }
 
 static void slots_sum_to_norm(mtopt_optimizer_t *op) {
   if (tu_backend() != MTOPT_BACKEND_CPU) return;
   const mtopt__plan_t *s = op->step_plan;
   double sumsq = 0.0;
-  for (int64_t k = 0; k < s->num_chunks; k++) sumsq += s->slot_gsq[k];
+  for (int64_t k = 0; k < s->num_chunks; k++) {
+    sumsq += s->slot_gsq[k];
+    ck_assert_msg(s->slot_nonfinite[k] == 0u, "segment chunk %lld: %u non-finite", (long long)k,
+                  s->slot_nonfinite[k]);
+  }
   mtopt_step_info_t ip = MTOPT_STEP_INFO_INIT;
   TU_OK(mtopt_optimizer_get_step_info(op, &ip));
   ck_assert_msg(isfinite(sumsq) && fabs(sqrt(sumsq) - ip.last_grad_norm) <=

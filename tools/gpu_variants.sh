@@ -14,8 +14,8 @@
 # ms, its copy floor's ms and the fraction), the resource usage (registers,
 # stack) of each build's block kernels, and results.tar.gz with the JSON.
 # Environment:
-#   DTYPES="bf16-master f32"   the --dtype list (default: the eight of
-#                              gpu_run.sh's mtopt_bench_dtypes)
+#   DTYPES="bf16-master f32"   the --dtype list (mtopt_bench --help names
+#                              them; default bf16-master)
 #   SHAPES=gpt2-xl,llama-1.1b  MODES=fused,copy  ITERS=20
 #   BUDGET=560                 seconds; the benches stop when it runs out
 set -u -o pipefail
@@ -26,8 +26,7 @@ mkdir -p "$1"
 OUT=$(cd "$1" && pwd)
 shift
 export PATH="$PATH:/usr/local/cuda/bin"
-DTYPES=${DTYPES:-bf16-master bf16-remainder bf16-nearest bf16-sr bf16-all bf16-all-sr \
-f32-bf16grad mixed-table}
+DTYPES=${DTYPES:-bf16-master}
 BUDGET=${BUDGET:-560}
 RES=$(mktemp -d)
 NAMES=()

@@ -121,9 +121,9 @@ MTOPT__HIDDEN int mtopt__segment_member(const mtopt__tensor_rec_t *t);
 MTOPT__HIDDEN int mtopt__segment_continues(const mtopt__tensor_rec_t *s,
                                            const mtopt__tensor_rec_t *t);
 /* Sets opt->step_plan: the segment plan (its tables and statistics slots
- * allocated in dev_segments) where any tensors merge, else &opt->plan. chunk_size: the
- * config's (0: chosen for the segments as for tensors). Only for plans whose
- * layout had runs (mtopt__layout). */
+ * allocated in dev_segments) where any tensors merge, else &opt->plan.
+ * chunk_size: the config's (0: chosen for the segments as for tensors). Only
+ * for plans whose layout had runs (mtopt__layout). */
 MTOPT__HIDDEN mtopt_status_t mtopt__build_step_plan(mtopt_optimizer_t *opt, int64_t chunk_size);
 
 /* The chunk size of chunk_size 0 for tensors of numel[0..n-1] elements:

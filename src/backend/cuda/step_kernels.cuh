@@ -429,18 +429,18 @@ void launch(const mtopt__plan_t &p, int sm_count, int64_t c0, int64_t c1, cudaSt
 
 template <int PASS, int KIND>
 void launch(const mtopt__plan_t &p, int sm_count, int64_t c0, int64_t c1, cudaStream_t stream) {
+  /* the 2-byte-weight flavour is built for the update of AdamW, Adam and SGD
+   * only; the other passes of such plans run the mixed one */
+  constexpr int kNarrowW =
+      PASS == MTOPT__PASS_UPDATE && KIND != MTOPT__KIND_LAMB ? kFlavourMixedNarrowW : kFlavourMixed;
   if (p.all_f32)
     launch<PASS, KIND, kFlavourF32>(p, sm_count, c0, c1, stream);
   else if (p.bf16_state)
     launch<PASS, KIND, kFlavourNarrow>(p, sm_count, c0, c1, stream);
-  else if constexpr (PASS == MTOPT__PASS_UPDATE && KIND != MTOPT__KIND_LAMB) {
-    if (p.narrow_weights)
-      launch<PASS, KIND, kFlavourMixedNarrowW>(p, sm_count, c0, c1, stream);
-    else
-      launch<PASS, KIND, kFlavourMixed>(p, sm_count, c0, c1, stream);
-  } else {
+  else if (p.narrow_weights)
+    launch<PASS, KIND, kNarrowW>(p, sm_count, c0, c1, stream);
+  else
     launch<PASS, KIND, kFlavourMixed>(p, sm_count, c0, c1, stream);
-  }
 }
 
 } /* namespace */
