@@ -14,8 +14,9 @@
 # ms, its copy floor's ms and the fraction), the resource usage (registers,
 # stack) of each build's block kernels, and results.tar.gz with the JSON.
 # Environment:
-#   DTYPES="bf16-master f32"   the --dtype list (mtopt_bench --help names
-#                              them; default bf16-master)
+#   DTYPES="bf16-master f32@sgd"  the --dtype list (mtopt_bench --help names
+#                              them; default bf16-master), each with an
+#                              --optimizer after an @ (default adamw)
 #   SHAPES=gpt2-xl,llama-1.1b  MODES=fused,copy  ITERS=20
 #   BUDGET=560                 seconds; the benches stop when it runs out
 set -u -o pipefail
@@ -60,9 +61,12 @@ for d in $DTYPES; do
       break 2
     fi
     json=$RES/$name-$d.json
+    opt=adamw
+    case $d in *@*) opt=${d#*@} ;; esac
     timeout 120 "/tmp/variant-$name/bench/mtopt_bench" --backend cuda \
       --shapes "${SHAPES:-gpt2-xl,llama-1.1b}" --modes "${MODES:-fused,copy}" \
-      --iters "${ITERS:-20}" --warmup 5 --dtype "$d" --json "$json" >"$RES/$name-$d.log" 2>&1 ||
+      --iters "${ITERS:-20}" --warmup 5 --dtype "${d%@*}" --optimizer "$opt" \
+      --json "$json" >"$RES/$name-$d.log" 2>&1 ||
       echo "$name $d: mtopt_bench failed" | tee -a "$OUT/summary.txt"
     [ -s "$json" ] && python3 - "$json" "$name" "$d" >>"$OUT/summary.txt" <<'PY'
 import json, sys
