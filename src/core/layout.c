@@ -63,49 +63,40 @@ void mtopt__layout(const mtopt_tensor_list_t *list, const mtopt_optimizer_config
     recs[i].first_chunk = first;
     recs[i].num_chunks = nch;
   }
-  /* The slab in three regions: the first state array of every run of tensors
-   * that core/segments.c's rule would join on their parameters and gradients
-   * (the state not placed yet: NULL in both), run after run; then their
-   * second arrays; then every other tensor with its m, v and master side by
-   * side. Array by array, a run's state lies back to back, so its segment
-   * steps as one; the two regions keep a run's m and v a whole region apart,
-   * which DRAM serves better on the small-tensor sets (tiny-50k packed 0.92
-   * of a copy, against 0.88 with m and v one run apart); side by side serves
-   * large tensors better (ViT-H: 0.97 of a copy, 0.92 with every tensor's m
-   * before every v; docs/perf_notes_small.md, v11 and v16). With grad NULL
-   * both gradients are in the library's buffer, where consecutive tensors lie
-   * back to back. */
+  /* The slab, run by run: the tensors that core/segments.c's rule would join
+   * on their parameters and gradients (the state not placed yet: NULL in
+   * both) get their first state arrays back to back, then their second ones,
+   * so that the segments can step them as one; any other tensor keeps its m,
+   * v and master side by side, which DRAM serves better on large tensors
+   * (ViT-H: 0.97 of a copy, 0.92 with every tensor's m before every v;
+   * docs/perf_notes_small.md, v11). With grad NULL both gradients are in the
+   * library's buffer, where consecutive tensors lie back to back. */
   int64_t soff = 0, goff[MTOPT__NUM_DTYPES] = {0, 0, 0};
 #define DESC(j) (&list->items[order ? order[j] : (j)].desc)
-  for (int region = 0; region <= nstate; region++) { /* nstate: the other tensors */
-    for (int64_t j0 = 0, j1; j0 < list->count; j0 = j1) {
-      mtopt__tensor_rec_t run = rec_of(DESC(j0), c, 0);
-      const int joinable = runs && mtopt__segment_member(&run);
-      for (j1 = j0 + 1; j1 < list->count; j1++) {
-        const mtopt_tensor_desc_t *d = DESC(j1);
-        if (d->numel == 0) continue; /* no state: in any run */
-        const mtopt__tensor_rec_t t = rec_of(d, c, 0);
-        if (!joinable || !mtopt__segment_continues(&run, &t)) break;
-        run.numel += t.numel;
-      }
-      if (joinable != (region < nstate)) continue;
-      /* a run's one array, or every array (a == nstate: the masters) of one
-       * tensor after another */
+  for (int64_t j0 = 0, j1; j0 < list->count; j0 = j1) {
+    mtopt__tensor_rec_t run = rec_of(DESC(j0), c, 0);
+    const int joinable = runs && mtopt__segment_member(&run);
+    for (j1 = j0 + 1; j1 < list->count; j1++) {
+      const mtopt_tensor_desc_t *d = DESC(j1);
+      if (d->numel == 0) continue; /* no state: in any run */
+      const mtopt__tensor_rec_t t = rec_of(d, c, 0);
+      if (!joinable || !mtopt__segment_continues(&run, &t)) break;
+      run.numel += t.numel;
+    }
+    for (int a = 0; a <= nstate; a++) { /* a == nstate: the masters */
       for (int64_t j = j0; j < j1; j++) {
-        for (int a = joinable ? region : 0; a <= (joinable ? region : nstate); a++) {
-          const int64_t i = order ? order[j] : j;
-          const mtopt_tensor_desc_t *d = DESC(j);
-          const int eb = a < nstate ? se : master_bytes(mtopt__master_mode(c, d->param_dtype));
-          if (d->numel == 0 || eb == 0) continue;
-          soff = mtopt__place(soff, eb, d->param, mtopt__dt_size(d->param_dtype));
-          if (slab) {
-            char *p = slab + soff;
-            if (a == nstate) recs[i].mw = p;
-            else if (a == 0) recs[i].s0 = (float *)p;
-            else recs[i].s1 = (float *)p;
-          }
-          soff += d->numel * eb;
+        const int64_t i = order ? order[j] : j;
+        const mtopt_tensor_desc_t *d = DESC(j);
+        const int eb = a < nstate ? se : master_bytes(mtopt__master_mode(c, d->param_dtype));
+        if (d->numel == 0 || eb == 0) continue;
+        soff = mtopt__place(soff, eb, d->param, mtopt__dt_size(d->param_dtype));
+        if (slab) {
+          char *p = slab + soff;
+          if (a == nstate) recs[i].mw = p;
+          else if (a == 0) recs[i].s0 = (float *)p;
+          else recs[i].s1 = (float *)p;
         }
+        soff += d->numel * eb;
       }
     }
   }

@@ -346,15 +346,19 @@ __device__ __forceinline__ void do_chunk(const mtopt__plan_t &p, int64_t c, int 
  *   chunks it lost (0.894 at 3 blocks, docs/perf_notes_mixed.md v14; 0.85 at
  *   64 registers, v6);
  * - fp32 state with 2-byte weights (bf16 parameters, no masters), the update
- *   pass only: 4, bf16 with fp32 state 0.957 against 0.944 at 3 (v14). */
+ *   pass only: 4, bf16 with fp32 state 0.957 against 0.944 at 3 (v14).
+ * All-F32: SGD 4 (58 registers: 0.976-0.993 of the copy on the five large
+ * models, against 0.957-0.968 at the 69 it takes uncapped, 3 blocks;
+ * perf_notes.md v17); the other kinds as many as their registers allow (at
+ * 4, AdamW ran no faster). */
 constexpr int kFlavourF32 = 0, kFlavourMixed = 1, kFlavourNarrow = 2, kFlavourMixedNarrowW = 3;
 
-constexpr int blocks_per_sm(int fl) {
-  return fl == kFlavourMixed ? 3 : fl == kFlavourF32 ? 1 : 4;
+constexpr int blocks_per_sm(int fl, int kind) {
+  return fl == kFlavourMixed ? 3 : fl != kFlavourF32 || kind == MTOPT__KIND_SGD ? 4 : 1;
 }
 
 template <int PASS, int KIND, int FL>
-__global__ void __launch_bounds__(kBlock, blocks_per_sm(FL))
+__global__ void __launch_bounds__(kBlock, blocks_per_sm(FL, KIND))
     block_kernel(mtopt__plan_t p, int64_t c0, int slices) {
   __shared__ ChunkView v;
   do_chunk<kBlock, PASS, KIND, FL != kFlavourF32>(p, c0 + blockIdx.x / slices,
