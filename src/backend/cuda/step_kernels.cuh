@@ -354,7 +354,8 @@ __device__ __forceinline__ void do_chunk(const mtopt__plan_t &p, int64_t c, int 
 constexpr int kFlavourF32 = 0, kFlavourMixed = 1, kFlavourNarrow = 2, kFlavourMixedNarrowW = 3;
 
 constexpr int blocks_per_sm(int fl, int kind) {
-  return fl == kFlavourMixed ? 3 : fl != kFlavourF32 || kind == MTOPT__KIND_SGD ? 4 : 1;
+  if (fl == kFlavourF32) return kind == MTOPT__KIND_SGD ? 4 : 1; /* 1: no cap */
+  return fl == kFlavourMixed ? 3 : 4;
 }
 
 template <int PASS, int KIND, int FL>
