@@ -1,8 +1,18 @@
 /*
  * The UPDATE pass of AdamW, Adam and SGD over a chunk of one of the common
- * mixed-precision layouts, 8 elements per thread at a time with 16-byte loads
+ * mixed-precision layouts, 8 elements per thread at a time with vector loads
  * and stores (step_kernels.cuh falls back to the element-at-a-time path of
  * step_elem.h for every other layout, for LAMB and for the statistics pass).
+ *
+ * A thread's group of 8 is two pieces of 4, at elements i and i + h. Where
+ * every array is 16-bit, h is 4: the group is contiguous, one 16-byte access
+ * per array, and a warp's 32 groups are 512 contiguous bytes of each. Where
+ * some array is fp32 (SPLIT), a warp steps spans of 256 elements, lane l's
+ * pieces at 4l and 128 + 4l (h = 128): each fp32 access of a warp is then
+ * 512 contiguous bytes and each 16-bit one 256 (8-byte pieces), where 32
+ * contiguous groups would touch a 1 KB span per fp32 access and use half of
+ * it (perf_notes.md v13, perf_notes_mixed.md v18). The elements after the
+ * chunk's last whole span go in contiguous groups (h = 4) as before.
  *
  * Layouts (template arguments): parameter W and gradient G in F32 or BF16,
  * state S in F32 or BF16, master MM none / F32 / remainders, and SR, whether
@@ -26,28 +36,47 @@
 
 namespace mixed_vec {
 
-/* 8 raw 16-bit words of a 16-byte-aligned group. */
-__device__ __forceinline__ void ld16(const void *base, int64_t i, uint16_t (&h)[8]) {
-  const uint4 u = __ldcs(reinterpret_cast<const uint4 *>(static_cast<const uint16_t *>(base) + i));
-  const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+/* The 8 raw 16-bit words of a group: pieces at i and i + h (16-byte
+ * aligned at i; !SPLIT: h is 4, one load). */
+template <bool SPLIT>
+__device__ __forceinline__ void ld16(const void *base, int64_t i, int h, uint16_t (&out)[8]) {
+  const uint16_t *b = static_cast<const uint16_t *>(base);
+  uint32_t w[4];
+  if constexpr (SPLIT) {
+    const uint2 lo = __ldcs(reinterpret_cast<const uint2 *>(b + i));
+    const uint2 hi = __ldcs(reinterpret_cast<const uint2 *>(b + i + h));
+    w[0] = lo.x, w[1] = lo.y, w[2] = hi.x, w[3] = hi.y;
+  } else {
+    const uint4 u = __ldcs(reinterpret_cast<const uint4 *>(b + i));
+    w[0] = u.x, w[1] = u.y, w[2] = u.z, w[3] = u.w;
+  }
 #pragma unroll
   for (int k = 0; k < 4; k++) {
-    h[2 * k] = (uint16_t)(w[k] & 0xffffu);
-    h[2 * k + 1] = (uint16_t)(w[k] >> 16);
+    out[2 * k] = (uint16_t)(w[k] & 0xffffu);
+    out[2 * k + 1] = (uint16_t)(w[k] >> 16);
   }
 }
 
-__device__ __forceinline__ void st16u(void *base, int64_t i, uint4 u) {
-  __stcs(reinterpret_cast<uint4 *>(static_cast<uint16_t *>(base) + i), u);
+/* Stores a group's 8 packed 16-bit words where ld16 reads them. */
+template <bool SPLIT>
+__device__ __forceinline__ void st16u(void *base, int64_t i, int h, uint4 u) {
+  uint16_t *b = static_cast<uint16_t *>(base);
+  if constexpr (SPLIT) {
+    __stcs(reinterpret_cast<uint2 *>(b + i), make_uint2(u.x, u.y));
+    __stcs(reinterpret_cast<uint2 *>(b + i + h), make_uint2(u.z, u.w));
+  } else {
+    __stcs(reinterpret_cast<uint4 *>(b + i), u);
+  }
 }
 
-__device__ __forceinline__ void st16(void *base, int64_t i, const uint16_t (&h)[8]) {
+template <bool SPLIT>
+__device__ __forceinline__ void st16(void *base, int64_t i, int h, const uint16_t (&x)[8]) {
   uint4 u;
-  u.x = (uint32_t)h[0] | ((uint32_t)h[1] << 16);
-  u.y = (uint32_t)h[2] | ((uint32_t)h[3] << 16);
-  u.z = (uint32_t)h[4] | ((uint32_t)h[5] << 16);
-  u.w = (uint32_t)h[6] | ((uint32_t)h[7] << 16);
-  st16u(base, i, u);
+  u.x = (uint32_t)x[0] | ((uint32_t)x[1] << 16);
+  u.y = (uint32_t)x[2] | ((uint32_t)x[3] << 16);
+  u.z = (uint32_t)x[4] | ((uint32_t)x[5] << 16);
+  u.w = (uint32_t)x[6] | ((uint32_t)x[7] << 16);
+  st16u<SPLIT>(base, i, h, u);
 }
 
 /* 8 floats rounded to bf16 as dtype.h rounds them, packed: to nearest even,
@@ -93,124 +122,141 @@ __device__ __forceinline__ uint4 pack_bf16x8(const float (&x)[8], const uint32_t
   return make_uint4(u[0], u[1], u[2], u[3]);
 }
 
-/* 8 elements of dtype DT (F32 or BF16) as floats. */
-template <int DT>
-__device__ __forceinline__ void ld8(const void *base, int64_t i, float (&x)[8]) {
+/* The 8 elements of a group (pieces at i and i + h) of dtype DT (F32 or
+ * BF16) as floats. */
+template <int DT, bool SPLIT>
+__device__ __forceinline__ void ld8(const void *base, int64_t i, int h, float (&x)[8]) {
   if constexpr (DT == MTOPT__DT_F32) {
-    const float4 *q = reinterpret_cast<const float4 *>(static_cast<const float *>(base) + i);
-    const float4 a = __ldcs(q), b = __ldcs(q + 1);
-    x[0] = a.x, x[1] = a.y, x[2] = a.z, x[3] = a.w;
-    x[4] = b.x, x[5] = b.y, x[6] = b.z, x[7] = b.w;
+    const float *b = static_cast<const float *>(base);
+    const float4 lo = __ldcs(reinterpret_cast<const float4 *>(b + i));
+    const float4 hi = __ldcs(reinterpret_cast<const float4 *>(b + i + h));
+    x[0] = lo.x, x[1] = lo.y, x[2] = lo.z, x[3] = lo.w;
+    x[4] = hi.x, x[5] = hi.y, x[6] = hi.z, x[7] = hi.w;
   } else {
-    uint16_t h[8];
-    ld16(base, i, h);
+    uint16_t u[8];
+    ld16<SPLIT>(base, i, h, u);
 #pragma unroll
-    for (int k = 0; k < 8; k++) x[k] = mtopt__bf16_to_f32(h[k]);
+    for (int k = 0; k < 8; k++) x[k] = mtopt__bf16_to_f32(u[k]);
   }
 }
 
-__device__ __forceinline__ void st8f(void *base, int64_t i, const float (&x)[8]) {
-  float4 *q = reinterpret_cast<float4 *>(static_cast<float *>(base) + i);
-  __stcs(q, make_float4(x[0], x[1], x[2], x[3]));
-  __stcs(q + 1, make_float4(x[4], x[5], x[6], x[7]));
+__device__ __forceinline__ void st8f(void *base, int64_t i, int h, const float (&x)[8]) {
+  float *b = static_cast<float *>(base);
+  __stcs(reinterpret_cast<float4 *>(b + i), make_float4(x[0], x[1], x[2], x[3]));
+  __stcs(reinterpret_cast<float4 *>(b + i + h), make_float4(x[4], x[5], x[6], x[7]));
 }
 
-/* Stores 8 values in DT, rounded as mtopt__st does (BF16: stochastically from
- * the 16 bits of r[k] >> shift when SR). */
-template <int DT, bool SR>
-__device__ __forceinline__ void st8(void *base, int64_t i, const float (&x)[8],
+/* Stores a group's 8 values in DT, rounded as mtopt__st does (BF16:
+ * stochastically from the 16 bits of r[k] >> shift when SR). */
+template <int DT, bool SR, bool SPLIT>
+__device__ __forceinline__ void st8(void *base, int64_t i, int h, const float (&x)[8],
                                     const uint32_t (&r)[8], int shift) {
   if constexpr (DT == MTOPT__DT_F32) {
-    st8f(base, i, x);
+    st8f(base, i, h, x);
   } else {
-    st16u(base, i, pack_bf16x8<SR>(x, r, shift));
+    st16u<SPLIT>(base, i, h, pack_bf16x8<SR>(x, r, shift));
   }
 }
 
 /* The weights of a group: the master where there is one (mtopt__ld_weight). */
-template <int W, int MM>
-__device__ __forceinline__ void ld_weight8(const mtopt__tensor_rec_t &t, int64_t i,
+template <int W, int MM, bool SPLIT>
+__device__ __forceinline__ void ld_weight8(const mtopt__tensor_rec_t &t, int64_t i, int h,
                                            float (&w)[8]) {
   if constexpr (MM == MTOPT__MASTER_F32) {
-    ld8<MTOPT__DT_F32>(t.mw, i, w);
+    ld8<MTOPT__DT_F32, SPLIT>(t.mw, i, h, w);
   } else if constexpr (MM == MTOPT__MASTER_REMAINDER) {
     uint16_t p[8], r[8];
-    ld16(t.w, i, p);
-    ld16(t.mw, i, r);
+    ld16<SPLIT>(t.w, i, h, p);
+    ld16<SPLIT>(t.mw, i, h, r);
 #pragma unroll
     for (int k = 0; k < 8; k++) w[k] = mtopt__join_master(p[k], r[k]);
   } else {
-    ld8<W>(t.w, i, w);
+    ld8<W, SPLIT>(t.w, i, h, w);
   }
 }
 
 /* mtopt__st_weight for a group. */
-template <int W, int MM, bool SR>
-__device__ __forceinline__ void st_weight8(const mtopt__tensor_rec_t &t, int64_t i,
+template <int W, int MM, bool SR, bool SPLIT>
+__device__ __forceinline__ void st_weight8(const mtopt__tensor_rec_t &t, int64_t i, int h,
                                            const float (&w)[8], const uint32_t (&r)[8]) {
   if constexpr (MM == MTOPT__MASTER_F32) {
-    st8f(t.mw, i, w);
-    st16u(t.w, i, pack_bf16x8<false>(w, r, 0));
+    st8f(t.mw, i, h, w);
+    st16u<SPLIT>(t.w, i, h, pack_bf16x8<false>(w, r, 0));
   } else if constexpr (MM == MTOPT__MASTER_REMAINDER) {
     uint16_t p[8], q[8];
 #pragma unroll
     for (int k = 0; k < 8; k++) mtopt__split_master(w[k], &p[k], &q[k]);
-    st16(t.w, i, p);
-    st16(t.mw, i, q);
+    st16<SPLIT>(t.w, i, h, p);
+    st16<SPLIT>(t.mw, i, h, q);
   } else {
-    st8<W, SR>(t.w, i, w, r, MTOPT__SR_SHIFT_W);
+    st8<W, SR, SPLIT>(t.w, i, h, w, r, MTOPT__SR_SHIFT_W);
   }
 }
 
-/* The draws of a group of 8 from element e0 of the tensor (mtopt__draws,
- * element by element): pm one hash each; v one per pair of elements (dtype.h:
- * mtopt__sr_bits_v), so five pair draws cover the group when e0 is odd. The
- * pair of element e0 + k is (e0 >> 1) + ((k + odd) >> 1); odd is uniform over
- * a chunk, so the choice is a select, not a branch. */
-__device__ __forceinline__ void draws8(const mtopt__sr_t &sr, int64_t e0, uint32_t (&pm)[8],
-                                       uint32_t (&vv)[8]) {
+/* The draws of N contiguous elements from element e0 of the tensor into
+ * entries k0.. (mtopt__draws, element by element): pm one hash each; v one
+ * per pair of elements (dtype.h: mtopt__sr_bits_v), so N / 2 + 1 pair draws
+ * cover them when e0 is odd. The pair of element e0 + k is (e0 >> 1) +
+ * ((k + odd) >> 1); odd is uniform over a chunk, so the choice is a select,
+ * not a branch. */
+template <int N>
+__device__ __forceinline__ void draws_run(const mtopt__sr_t &sr, int64_t e0, int k0,
+                                          uint32_t (&pm)[8], uint32_t (&vv)[8]) {
 #pragma unroll
-  for (int k = 0; k < 8; k++) pm[k] = mtopt__sr_bits(sr.pm, e0 + k);
-  uint32_t d[5];
+  for (int k = 0; k < N; k++) pm[k0 + k] = mtopt__sr_bits(sr.pm, e0 + k);
+  uint32_t d[N / 2 + 1];
 #pragma unroll
-  for (int j = 0; j < 5; j++) d[j] = mtopt__sr_bits(sr.v, (e0 >> 1) + j);
+  for (int j = 0; j < N / 2 + 1; j++) d[j] = mtopt__sr_bits(sr.v, (e0 >> 1) + j);
   const int odd = (int)(e0 & 1);
 #pragma unroll
-  for (int k = 0; k < 8; k++)
-    vv[k] = mtopt__sr_half_v(odd ? d[(k + 1) >> 1] : d[k >> 1], e0 + k);
+  for (int k = 0; k < N; k++)
+    vv[k0 + k] = mtopt__sr_half_v(odd ? d[(k + 1) >> 1] : d[k >> 1], e0 + k);
 }
 
-/* One group of 8 at element i of the tensor (16-byte aligned in every array):
- * mtopt__update_elem's arithmetic, element by element. */
-template <int KIND, int W, int G, int S, int MM, bool SR>
+/* The draws of a group whose pieces start at tensor elements e0 and e0 + h. */
+template <bool SPLIT>
+__device__ __forceinline__ void draws8(const mtopt__sr_t &sr, int64_t e0, int h,
+                                       uint32_t (&pm)[8], uint32_t (&vv)[8]) {
+  if constexpr (SPLIT) {
+    draws_run<4>(sr, e0, 0, pm, vv);
+    draws_run<4>(sr, e0 + h, 4, pm, vv);
+  } else {
+    draws_run<8>(sr, e0, 0, pm, vv);
+  }
+}
+
+/* One group of 8, pieces of 4 at elements i and i + h of the tensor (16-byte
+ * aligned in every array at i): mtopt__update_elem's arithmetic, element by
+ * element. */
+template <int KIND, int W, int G, int S, int MM, bool SR, bool SPLIT>
 __device__ __forceinline__ void update8(const mtopt__tensor_rec_t &t, const mtopt__scalars_t &s,
-                                        const mtopt__sr_t &sr, int64_t i) {
+                                        const mtopt__sr_t &sr, int64_t i, int h) {
   float g[8], w[8];
-  ld8<G>(t.g, i, g);
-  ld_weight8<W, MM>(t, i, w);
+  ld8<G, SPLIT>(t.g, i, h, g);
+  ld_weight8<W, MM, SPLIT>(t, i, h, w);
   uint32_t pm[8] = {0u}, vv[8] = {0u};
-  if constexpr (SR) draws8(sr, t.sr_elem0 + i, pm, vv);
+  if constexpr (SR) draws8<SPLIT>(sr, t.sr_elem0 + i, h, pm, vv);
   if constexpr (KIND == MTOPT__KIND_ADAMW || KIND == MTOPT__KIND_ADAM) {
     float m[8], v[8];
-    ld8<S>(t.s0, i, m);
-    ld8<S>(t.s1, i, v);
+    ld8<S, SPLIT>(t.s0, i, h, m);
+    ld8<S, SPLIT>(t.s1, i, h, v);
 #pragma unroll
     for (int k = 0; k < 8; k++) mtopt__adam_elem(&s, KIND == MTOPT__KIND_ADAMW, g[k], &w[k], &m[k], &v[k]);
-    st_weight8<W, MM, SR>(t, i, w, pm);
-    st8<S, SR>(t.s0, i, m, pm, MTOPT__SR_SHIFT_S0);
-    st8<S, SR>(t.s1, i, v, vv, MTOPT__SR_SHIFT_S1);
+    st_weight8<W, MM, SR, SPLIT>(t, i, h, w, pm);
+    st8<S, SR, SPLIT>(t.s0, i, h, m, pm, MTOPT__SR_SHIFT_S0);
+    st8<S, SR, SPLIT>(t.s1, i, h, v, vv, MTOPT__SR_SHIFT_S1);
   } else { /* SGD: momentum is 0 where the tensor has no buffer */
     float b[8];
     if (s.momentum != 0.0f) {
-      ld8<S>(t.s0, i, b);
+      ld8<S, SPLIT>(t.s0, i, h, b);
     } else {
 #pragma unroll
       for (int k = 0; k < 8; k++) b[k] = 0.0f;
     }
 #pragma unroll
     for (int k = 0; k < 8; k++) mtopt__sgd_elem(&s, g[k], &w[k], &b[k]);
-    st_weight8<W, MM, SR>(t, i, w, pm);
-    if (s.momentum != 0.0f) st8<S, SR>(t.s0, i, b, pm, MTOPT__SR_SHIFT_S0);
+    st_weight8<W, MM, SR, SPLIT>(t, i, h, w, pm);
+    if (s.momentum != 0.0f) st8<S, SR, SPLIT>(t.s0, i, h, b, pm, MTOPT__SR_SHIFT_S0);
   }
 }
 
@@ -219,9 +265,9 @@ __device__ __forceinline__ int aligned_at(const void *p, int64_t i, int esize) {
 }
 
 /* The chunk [start, start + len) of t: a scalar prologue to the parameter's
- * 16-byte boundary, groups of 8, a scalar tail; or, where an array is at
- * another phase, all of it element by element. Every thread of the team
- * calls it. */
+ * 16-byte boundary, groups of 8 (in spans of 256 where SPLIT, then
+ * contiguous), a scalar tail; or, where an array is at another phase, all of
+ * it element by element. Every thread of the team calls it. */
 template <int TEAM, int KIND, int W, int G, int S, int MM, bool SR>
 __device__ __forceinline__ void update_chunk(const mtopt__tensor_rec_t &t,
                                              const mtopt__scalars_t &s, const mtopt__sr_t &sr,
@@ -241,8 +287,15 @@ __device__ __forceinline__ void update_chunk(const mtopt__tensor_rec_t &t,
     return;
   }
   if (lane < i0) mtopt__update_elem(KIND, &s, &sr, &t, start + lane, &unused_w, &unused_u);
-  const int32_t groups = (len - i0) / 8;
-  for (int32_t q = lane; q < groups; q += TEAM) update8<KIND, W, G, S, MM, SR>(t, s, sr, a + 8 * q);
+  /* SPLIT: group q < 32 spans is lane q % 32 of span q / 32; past the spans,
+   * group q is contiguous at 8q, as every group is without SPLIT. */
+  constexpr bool SPLIT = (we == 4 || ge == 4 || se == 4 || MM == MTOPT__MASTER_F32);
+  const int32_t groups = (len - i0) / 8, in_spans = SPLIT ? (len - i0) / 256 * 32 : 0;
+  for (int32_t q = lane; q < groups; q += TEAM) {
+    const bool span = q < in_spans;
+    update8<KIND, W, G, S, MM, SR, SPLIT>(t, s, sr, a + (span ? 256 * (q >> 5) + 4 * (q & 31) : 8 * q),
+                                          span ? 128 : 4);
+  }
   const int32_t tail = i0 + 8 * groups;
   if (lane < len - tail) mtopt__update_elem(KIND, &s, &sr, &t, start + tail + lane, &unused_w, &unused_u);
 }
