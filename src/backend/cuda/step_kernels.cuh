@@ -340,11 +340,12 @@ __device__ __forceinline__ void do_chunk(const mtopt__plan_t &p, int64_t c, int 
  * - bf16 state (8 bf16 of each array per group): 4 (64 registers), which
  *   lifted GPT-2 XL bf16 everywhere from 0.74 to 0.92 of the copy (v6);
  * - fp32 state with 4-byte weights (fp32 masters or parameters, or bf16 with
- *   remainders): 3 (74 registers), with slices of kSliceLen: GPT-2 XL bf16 +
- *   fp32 masters 0.946 of the copy, against 0.932 at 4 blocks and 0.925
- *   uncapped on whole chunks (112 registers, 2 blocks); capped on whole
- *   chunks it lost (0.894 at 3 blocks, docs/perf_notes_mixed.md v14; 0.85 at
- *   64 registers, v6);
+ *   remainders): 3 (80 registers with split groups, mixed_vec.cuh), with
+ *   slices of kSliceLen: GPT-2 XL bf16 + fp32 masters 0.946 of the copy at
+ *   74 registers before split groups (0.957 with them, v18), against
+ *   0.932 at 4 blocks and 0.925 uncapped on whole chunks (112 registers,
+ *   2 blocks); capped on whole chunks it lost (0.894 at 3 blocks,
+ *   docs/perf_notes_mixed.md v14; 0.85 at 64 registers, v6);
  * - fp32 state with 2-byte weights (bf16 parameters, no masters), the update
  *   pass only: 4, bf16 with fp32 state 0.957 against 0.944 at 3 (v14).
  * All-F32: SGD 4 (58 registers: 0.976-0.993 of the copy on the five large
