@@ -287,9 +287,12 @@ __device__ __forceinline__ void update_chunk(const mtopt__tensor_rec_t &t,
     return;
   }
   if (lane < i0) mtopt__update_elem(KIND, &s, &sr, &t, start + lane, &unused_w, &unused_u);
-  /* SPLIT: group q < 32 spans is lane q % 32 of span q / 32; past the spans,
-   * group q is contiguous at 8q, as every group is without SPLIT. */
-  constexpr bool SPLIT = (we == 4 || ge == 4 || se == 4 || MM == MTOPT__MASTER_F32);
+  /* SPLIT: the first in_spans groups (32 per whole span of 256) are group
+   * q = lane q % 32 of span q / 32, so a warp of consecutive q (TEAM is a
+   * multiple of 32) takes one span; the groups after them, like every group
+   * without SPLIT, are contiguous at 8q. */
+  constexpr bool SPLIT = we == 4 || ge == 4 || se == 4 || me == 4;
+  static_assert(TEAM % 32 == 0, "a warp's lanes take one span");
   const int32_t groups = (len - i0) / 8, in_spans = SPLIT ? (len - i0) / 256 * 32 : 0;
   for (int32_t q = lane; q < groups; q += TEAM) {
     const bool span = q < in_spans;
