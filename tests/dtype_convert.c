@@ -224,6 +224,19 @@ START_TEST(test_generator_bits) {
   }
   /* Elements past 2^32 draw fresh bits too. */
   ck_assert_uint_ne(mtopt__sr_bits(k, 5), mtopt__sr_bits(k, 5 + (INT64_C(1) << 32)));
+  /* The Weyl value steps by MTOPT__SR_WEYL within a 2^32 block of the index
+   * (the CUDA vector path steps it so) and not across one (where it takes
+   * the element path). */
+  tu_rng_t rng;
+  tu_rng_init(&rng, seed + 9);
+  for (int i = 0; i < 1000; i++) {
+    const int64_t e = (int64_t)(tu_next(&rng) >> 1), k2 = tu_int(&rng, 0, 300);
+    const uint32_t lo = (uint32_t)e;
+    if (lo > UINT32_MAX - (uint32_t)k2) continue;
+    ck_assert_uint_eq(mtopt__sr_weyl(e + k2), mtopt__sr_weyl(e) + (uint32_t)k2 * MTOPT__SR_WEYL);
+  }
+  const int64_t edge = (INT64_C(3) << 32) - 2;
+  ck_assert_uint_ne(mtopt__sr_weyl(edge + 4), mtopt__sr_weyl(edge) + 4u * MTOPT__SR_WEYL);
 }
 END_TEST
 

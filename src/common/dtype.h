@@ -122,18 +122,22 @@ MTOPT_HD float mtopt__join_master(uint16_t param, uint16_t rem) {
  * uninterrupted one. Each element draws one 32-bit hash for the parameter and
  * the first moment (or momentum buffer), 16 bits each; the second moment's 16
  * bits are half of a hash that serves a pair of elements (2j, 2j + 1). A hash
- * is one round of mtopt__mix32 over the key xor a Weyl sequence of the
- * element index: 1.5 rounds per element, where a second round per draw bought
- * no quality the tests (tests/rounding.c) could see. */
+ * is two multiply-fold rounds (the halves of a 32 x 32 -> 64-bit product
+ * xor'ed) over the key xor a Weyl sequence of the element index: two wide
+ * multiplies and two xors, where the two multiply-xorshift rounds it replaced
+ * took about twice the instructions (perf_notes_mixed.md, v19). Its streams
+ * pass dieharder's tests along the elements, across steps and over
+ * neighbours' 16-bit halves (the same notes), and tests/dtype_convert.c checks
+ * the bit balance and independence the rounding needs. */
 
-/* A bijective 32-bit mixer with low bias (two multiply-xorshift rounds). */
-MTOPT_HD uint32_t mtopt__mix32(uint32_t x) {
-  x ^= x >> 16;
-  x *= 0x7feb352du;
-  x ^= x >> 15;
-  x *= 0x846ca68bu;
-  x ^= x >> 16;
-  return x;
+/* One multiply-fold round: the two halves of x * m, xor'ed. */
+MTOPT_HD uint32_t mtopt__fold32(uint32_t x, uint32_t m) {
+#ifdef __CUDA_ARCH__
+  return x * m ^ __umulhi(x, m); /* nvcc makes more of the 64-bit form */
+#else
+  const uint64_t p = (uint64_t)x * m;
+  return (uint32_t)p ^ (uint32_t)(p >> 32);
+#endif
 }
 
 /* The 64-bit finaliser of splitmix64. */
@@ -155,10 +159,24 @@ MTOPT_HD uint32_t mtopt__sr_key(uint64_t seed, int64_t step, int64_t tensor, int
   return (uint32_t)(k ^ (k >> 32));
 }
 
+/* The Weyl sequence of the element index: a step of MTOPT__SR_WEYL per
+ * element, so that elements e .. e + n - 1 of one 2^32 block are weyl(e) +
+ * k * MTOPT__SR_WEYL (the vector paths step it so). */
+#define MTOPT__SR_WEYL 0x9e3779b9u
+
+MTOPT_HD uint32_t mtopt__sr_weyl(int64_t elem) {
+  const uint32_t lo = (uint32_t)elem, hi = (uint32_t)((uint64_t)elem >> 32);
+  return lo * MTOPT__SR_WEYL + hi * 0x85ebca6bu;
+}
+
+/* The draw at Weyl value w under `key`. */
+MTOPT_HD uint32_t mtopt__sr_mix(uint32_t key, uint32_t w) {
+  return mtopt__fold32(mtopt__fold32(key ^ w, 0x7feb352du), 0x846ca68bu);
+}
+
 /* 32 random bits for element `elem` of the tensor under `key`. */
 MTOPT_HD uint32_t mtopt__sr_bits(uint32_t key, int64_t elem) {
-  const uint32_t lo = (uint32_t)elem, hi = (uint32_t)((uint64_t)elem >> 32);
-  return mtopt__mix32(key ^ (lo * 0x9e3779b9u + hi * 0x85ebca6bu));
+  return mtopt__sr_mix(key, mtopt__sr_weyl(elem));
 }
 
 /* The second moment's bits of element `elem` (elem >= 0), in the low 16 bits:

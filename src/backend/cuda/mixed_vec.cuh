@@ -193,24 +193,42 @@ __device__ __forceinline__ void st_weight8(const mtopt__tensor_rec_t &t, int64_t
   }
 }
 
+/* The Weyl values (dtype.h: mtopt__sr_weyl) of elements e0 .. e0 + N - 1,
+ * one add each: they lie in one 2^32 block of the index, as update_chunk
+ * makes sure. */
+template <int N>
+__device__ __forceinline__ void weyl_run(int64_t e0, uint32_t (&w)[N]) {
+  const uint32_t w0 = mtopt__sr_weyl(e0);
+#pragma unroll
+  for (int k = 0; k < N; k++) w[k] = w0 + (uint32_t)k * MTOPT__SR_WEYL;
+}
+
 /* The draws of N contiguous elements from element e0 of the tensor into
  * entries k0.. (mtopt__draws, element by element): pm one hash each; v one
  * per pair of elements (dtype.h: mtopt__sr_bits_v), so N / 2 + 1 pair draws
- * cover them when e0 is odd. The pair of element e0 + k is (e0 >> 1) +
- * ((k + odd) >> 1); odd is uniform over a chunk, so the choice is a select,
- * not a branch. */
+ * d cover them when e0 is odd, N / 2 when it is even. The halves of
+ * elements e0 + 2j and e0 + 2j + 1 are then the low 32 bits of
+ * (d[j + 1]:d[j]) >> 16 * odd: one funnel shift a pair. odd is uniform over
+ * a chunk, so the last draw's branch does not diverge. */
 template <int N>
 __device__ __forceinline__ void draws_run(const mtopt__sr_t &sr, int64_t e0, int k0,
                                           uint32_t (&pm)[8], uint32_t (&vv)[8]) {
+  uint32_t w[N], wv[N / 2 + 1], d[N / 2 + 1];
+  weyl_run<N>(e0, w);
 #pragma unroll
-  for (int k = 0; k < N; k++) pm[k0 + k] = mtopt__sr_bits(sr.pm, e0 + k);
-  uint32_t d[N / 2 + 1];
+  for (int k = 0; k < N; k++) pm[k0 + k] = mtopt__sr_mix(sr.pm, w[k]);
+  weyl_run<N / 2 + 1>(e0 >> 1, wv);
 #pragma unroll
-  for (int j = 0; j < N / 2 + 1; j++) d[j] = mtopt__sr_bits(sr.v, (e0 >> 1) + j);
-  const int odd = (int)(e0 & 1);
+  for (int j = 0; j < N / 2; j++) d[j] = mtopt__sr_mix(sr.v, wv[j]);
+  const uint32_t odd = (uint32_t)(e0 & 1);
+  d[N / 2] = 0u;
+  if (odd) d[N / 2] = mtopt__sr_mix(sr.v, wv[N / 2]);
 #pragma unroll
-  for (int k = 0; k < N; k++)
-    vv[k0 + k] = mtopt__sr_half_v(odd ? d[(k + 1) >> 1] : d[k >> 1], e0 + k);
+  for (int j = 0; j < N / 2; j++) {
+    const uint32_t u = __funnelshift_r(d[j], d[j + 1], 16u * odd);
+    vv[k0 + 2 * j] = u & 0xffffu;
+    vv[k0 + 2 * j + 1] = u >> 16;
+  }
 }
 
 /* The draws of a group whose pieces start at tensor elements e0 and e0 + h. */
@@ -278,8 +296,12 @@ __device__ __forceinline__ void update_chunk(const mtopt__tensor_rec_t &t,
   int32_t i0 = (int32_t)(((16u - wa % 16u) % 16u) / we);
   if (i0 > len) i0 = len;
   const int64_t a = start + i0;
+  /* SR: the chunk's elements, and with them its pairs (whose block is the
+   * elements' halved), in one 2^32 block of the index (weyl_run). */
+  const int64_t e = t.sr_elem0 + start;
   const int ok = aligned_at(t.g, a, ge) && aligned_at(t.s0, a, se) && aligned_at(t.s1, a, se) &&
-                 (MM == MTOPT__MASTER_NONE || aligned_at(t.mw, a, me));
+                 (MM == MTOPT__MASTER_NONE || aligned_at(t.mw, a, me)) &&
+                 (!SR || (uint64_t)e >> 32 == (uint64_t)(e + len) >> 32);
   double unused_w = 0.0, unused_u = 0.0;
   if (!ok) {
     for (int32_t i = lane; i < len; i += TEAM)
