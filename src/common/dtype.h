@@ -126,9 +126,9 @@ MTOPT_HD float mtopt__join_master(uint16_t param, uint16_t rem) {
  * xor'ed) over the key xor a Weyl sequence of the element index: two wide
  * multiplies and two xors, where the two multiply-xorshift rounds it replaced
  * took about twice the instructions (perf_notes_mixed.md, v19). Its streams
- * pass dieharder's tests along the elements, across steps and over
- * neighbours' 16-bit halves (the same notes), and tests/dtype_convert.c checks
- * the bit balance and independence the rounding needs. */
+ * pass a subset of dieharder's tests along the elements, across steps and
+ * over neighbours' 16-bit halves (the same notes), and tests/dtype_convert.c
+ * checks the bit balance and independence the rounding needs. */
 
 /* One multiply-fold round: the two halves of x * m, xor'ed. */
 MTOPT_HD uint32_t mtopt__fold32(uint32_t x, uint32_t m) {
