@@ -84,7 +84,7 @@ mtopt_status_t mtopt__build_step_plan(mtopt_optimizer_t *opt, int64_t chunk_size
 
   mtopt_status_t st = MTOPT_STATUS_SUCCESS;
   mtopt__tensor_rec_t *segs = malloc((size_t)nseg * sizeof *segs);
-  int64_t *numel = malloc((size_t)nseg * sizeof *numel);
+  int64_t *numel = calloc((size_t)nseg, sizeof *numel); /* calloc: gcc 12 cannot see the fill */
   int64_t *phase = malloc((size_t)nseg * sizeof *phase);
   int64_t *first = malloc((size_t)nseg * sizeof *first);
   int64_t *nch = malloc((size_t)nseg * sizeof *nch);
