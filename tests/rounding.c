@@ -246,6 +246,21 @@ START_TEST(test_checkpoint_resume) {
 }
 END_TEST
 
+/* Destroys what a CPU-against-CUDA test made: each side's snapshot, optimizer,
+ * table and context. */
+static void finish_pair(mtopt_context_t *ch, mtopt_optimizer_t *oh, mtopt_tensor_list_t *lh,
+                        table_t *h, snap_t *sh, mtopt_context_t *cd, mtopt_optimizer_t *od,
+                        mtopt_tensor_list_t *ld, table_t *d, snap_t *sd) {
+  snap_free(sh);
+  snap_free(sd);
+  drop_opt(oh, lh);
+  drop_opt(od, ld);
+  table_free(h);
+  table_free(d);
+  TU_OK(mtopt_context_destroy(ch));
+  TU_OK(mtopt_context_destroy(cd));
+}
+
 /* The CUDA backend against the CPU one on the same mixed table: bit for bit
  * for element-wise steps in every dtype combination and rounding mode (the
  * same functions of step_elem.h on both); the reductions of clipping and
@@ -314,14 +329,7 @@ START_TEST(test_cpu_equals_cuda) {
       free(y);
     }
   }
-  snap_free(&sh);
-  snap_free(&sd);
-  drop_opt(oh, lh);
-  drop_opt(od, ld);
-  table_free(&h);
-  table_free(&d);
-  TU_OK(mtopt_context_destroy(ch));
-  TU_OK(mtopt_context_destroy(cd));
+  finish_pair(ch, oh, lh, &h, &sh, cd, od, ld, &d, &sd);
 }
 END_TEST
 
@@ -415,6 +423,90 @@ START_TEST(test_bf16_store_bits) {
 }
 END_TEST
 
+/* The same for stochastic rounding, where no master holds the values: bf16
+ * everywhere (parameters, gradients, state), AdamW, two steps on both
+ * backends from the same raw parameter bits of every class (any pattern,
+ * signalling NaNs included, subnormals, around the largest bf16, infinities,
+ * zeros) and gradients with an inf or a NaN in about one element of 50.
+ * Every value a step writes must be the CPU's, bit for bit, in the groups
+ * of 8 that hold a NaN too (their other values take dtype.h's path); a NaN
+ * must be a quiet NaN on both, its payload aside (arithmetic on a NaN gives
+ * the CPU's payload on the CPU and another on the GPU). */
+START_TEST(test_bf16_sr_store_bits) {
+  if (tu_backend() != MTOPT_BACKEND_CUDA) return;
+  tu_rng_t rng;
+  tu_rng_init(&rng, tu_seed() + 4391);
+  const int dt[2] = {MTOPT__DT_BF16, MTOPT__DT_BF16};
+  static const int64_t numel[2] = {70001, 33339};
+  table_t h, d;
+  table_make(&h, &rng, MTOPT_BACKEND_CPU, 2, dt, dt, numel);
+  table_make(&d, &rng, MTOPT_BACKEND_CUDA, 2, dt, dt, numel);
+  for (int i = 0; i < 2; i++) {
+    const int64_t n = numel[i];
+    uint16_t *w = malloc((size_t)n * 2);
+    float *g = malloc((size_t)n * 4);
+    for (int64_t e = 0; e < n; e++) {
+      const uint16_t r = (uint16_t)tu_next(&rng), sign = r & 0x8000u;
+      uint16_t b = (uint16_t)tu_next(&rng);
+      switch (e % 7) {
+        case 0: break; /* any pattern, inf and NaN included */
+        case 1: b = sign | (b & 0x007fu); break; /* subnormal */
+        case 2: b = sign | 0x7f70u | (b & 0xfu); break; /* around the largest bf16 */
+        case 3: b = sign | 0x7f80u; break; /* +-inf */
+        case 4: b = sign; break; /* +-0 */
+        default: b = sign | 0x3f00u | (b & 0x01ffu); break; /* ordinary */
+      }
+      w[e] = b;
+      g[e] = (float)tu_uniform(&rng, -1.0, 1.0);
+      if (tu_next(&rng) % 50 == 0) g[e] = (tu_next(&rng) & 1) ? INFINITY : NAN;
+    }
+    tu_to_backend(MTOPT_BACKEND_CPU, h.w[i], w, (size_t)n * 2);
+    tu_to_backend(MTOPT_BACKEND_CUDA, d.w[i], w, (size_t)n * 2);
+    put(MTOPT_BACKEND_CPU, h.g[i], MTOPT__DT_BF16, g, n);
+    put(MTOPT_BACKEND_CUDA, d.g[i], MTOPT__DT_BF16, g, n);
+    free(w);
+    free(g);
+  }
+  mtopt_context_t *ch = tu_context(MTOPT_BACKEND_CPU), *cd = tu_context(MTOPT_BACKEND_CUDA);
+  mtopt_optimizer_config_t c = kind_config(0);
+  c.state_dtype = MTOPT_DTYPE_BF16;
+  c.rounding = MTOPT_ROUNDING_STOCHASTIC;
+  c.seed = tu_seed();
+  c.chunk_size = 0;
+  mtopt_tensor_list_t *lh, *ld;
+  mtopt_optimizer_t *oh = make_opt(ch, &h, &c, &lh), *od = make_opt(cd, &d, &c, &ld);
+  for (int step = 0; step < 2; step++) {
+    TU_OK(mtopt_optimizer_step(oh));
+    TU_OK(mtopt_optimizer_step(od));
+  }
+  snap_t sh, sd;
+  snap_take(&sh, oh, &h, 2);
+  snap_take(&sd, od, &d, 2);
+  int64_t nan = 0, inf = 0;
+  for (int i = 0; i < 2; i++) {
+    for (int k = 0; k < 3; k++) { /* the parameter (bf16 bits), m and v (read as fp32) */
+      const int wide = k > 0;
+      for (int64_t e = 0; e < numel[i]; e++) {
+        const uint32_t a = wide ? ((const uint32_t *)sh.buf[i][k])[e] >> 16
+                                : ((const uint16_t *)sh.buf[i][k])[e];
+        const uint32_t b = wide ? ((const uint32_t *)sd.buf[i][k])[e] >> 16
+                                : ((const uint16_t *)sd.buf[i][k])[e];
+        const int qa = (a & 0x7fffu) > 0x7f80u && (a & 0x0040u);
+        const int qb = (b & 0x7fffu) > 0x7f80u && (b & 0x0040u);
+        nan += qa;
+        inf += (a & 0x7fffu) == 0x7f80u;
+        ck_assert_msg(a == b || (qa && qb),
+                      "tensor %d array %d element %lld: CPU 0x%04x, CUDA 0x%04x", i, k,
+                      (long long)e, (unsigned)a, (unsigned)b);
+      }
+    }
+  }
+  ck_assert_int_gt(nan, 1000); /* the classes are there */
+  ck_assert_int_gt(inf, 1000);
+  finish_pair(ch, oh, lh, &h, &sh, cd, od, ld, &d, &sd);
+}
+END_TEST
+
 Suite *rounding_suite(void) {
   Suite *s = suite_create("rounding");
   TCase *tc = tcase_create("rounding");
@@ -425,6 +517,7 @@ Suite *rounding_suite(void) {
   tcase_add_test(tc, test_checkpoint_resume);
   tcase_add_loop_test(tc, test_cpu_equals_cuda, 0, 20);
   tcase_add_test(tc, test_bf16_store_bits);
+  tcase_add_test(tc, test_bf16_sr_store_bits);
   suite_add_tcase(s, tc);
   return s;
 }

@@ -86,8 +86,10 @@ __device__ __forceinline__ void st16(void *base, int64_t i, int h, const uint16_
  * function before) rounds every non-NaN value to
  * nearest even as mtopt__f32_to_bf16 does (subnormals and the overflow to inf
  * included), and the stochastic sum (b + bits) >> 16 needs no test for inf,
- * whose low half is zero (tests/rounding.c: test_bf16_store_bits). A group
- * with a NaN goes through dtype.h, which quiets it as the CPU does. */
+ * whose low half is zero (tests/rounding.c: test_bf16_store_bits). The fast
+ * words are made for every group and replaced, all four in one branch, in a
+ * group with a NaN, which goes through dtype.h and is quieted as the CPU does;
+ * a pair's NaN test is one unordered compare of its two values. */
 template <bool SR>
 __device__ __forceinline__ uint4 pack_bf16x8(const float (&x)[8], const uint32_t (&r)[8],
                                              int shift) {
@@ -99,25 +101,27 @@ __device__ __forceinline__ uint4 pack_bf16x8(const float (&x)[8], const uint32_t
                 : mtopt__f32_to_bf16(x[2 * j + k]);
     return (uint32_t)h[0] | ((uint32_t)h[1] << 16);
   };
-  bool nan = false;
-#pragma unroll
-  for (int k = 0; k < 8; k++) nan |= isnan(x[k]);
   uint32_t u[4];
+  bool ordered = true; /* no NaN among the 8 */
 #pragma unroll
   for (int j = 0; j < 4; j++) {
-    if (nan) {
-      u[j] = written_out(j);
-    } else if constexpr (SR) {
-      const uint32_t lo = __float_as_uint(x[2 * j]) + MTOPT__SR_BITS(r[2 * j], shift);
-      const uint32_t hi = __float_as_uint(x[2 * j + 1]) + MTOPT__SR_BITS(r[2 * j + 1], shift);
+    const float a = x[2 * j], b = x[2 * j + 1];
+    ordered = ordered && a == a && b == b;
+    if constexpr (SR) {
+      const uint32_t lo = __float_as_uint(a) + MTOPT__SR_BITS(r[2 * j], shift);
+      const uint32_t hi = __float_as_uint(b) + MTOPT__SR_BITS(r[2 * j + 1], shift);
       u[j] = __byte_perm(lo, hi, 0x7632); /* the high halves of lo, hi */
     } else {
 #if __CUDA_ARCH__ >= 800 /* the instruction's first architecture */
-      asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(u[j]) : "f"(x[2 * j + 1]), "f"(x[2 * j]));
+      asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(u[j]) : "f"(b), "f"(a));
 #else
       u[j] = written_out(j);
 #endif
     }
+  }
+  if (!ordered) {
+#pragma unroll
+    for (int j = 0; j < 4; j++) u[j] = written_out(j);
   }
   return make_uint4(u[0], u[1], u[2], u[3]);
 }
