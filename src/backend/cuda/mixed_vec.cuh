@@ -36,6 +36,15 @@
 
 namespace mixed_vec {
 
+/* The 8 16-bit values of 4 words, in element order. */
+__device__ __forceinline__ void unpack16(const uint32_t (&w)[4], uint16_t (&out)[8]) {
+#pragma unroll
+  for (int k = 0; k < 4; k++) {
+    out[2 * k] = (uint16_t)(w[k] & 0xffffu);
+    out[2 * k + 1] = (uint16_t)(w[k] >> 16);
+  }
+}
+
 /* The 8 raw 16-bit words of a group: pieces at i and i + h (16-byte
  * aligned at i; !SPLIT: h is 4, one load). */
 template <bool SPLIT>
@@ -50,10 +59,41 @@ __device__ __forceinline__ void ld16(const void *base, int64_t i, int h, uint16_
     const uint4 u = __ldcs(reinterpret_cast<const uint4 *>(b + i));
     w[0] = u.x, w[1] = u.y, w[2] = u.z, w[3] = u.w;
   }
-#pragma unroll
-  for (int k = 0; k < 4; k++) {
-    out[2 * k] = (uint16_t)(w[k] & 0xffffu);
-    out[2 * k + 1] = (uint16_t)(w[k] >> 16);
+  unpack16(w, out);
+}
+
+/* A group's 16-byte words of every array, loaded one group ahead (the
+ * pipelined loop of update_chunk: bf16 parameters, gradients and states, no
+ * masters): the parameter, the gradient and the states. */
+struct Ahead {
+  uint4 w, g, s0, s1;
+};
+
+template <int KIND>
+__device__ __forceinline__ void load_ahead(const mtopt__tensor_rec_t &t, const mtopt__scalars_t &s,
+                                           int64_t i, Ahead &a) {
+  auto ld = [i](const void *p) {
+    return __ldcs(reinterpret_cast<const uint4 *>(static_cast<const uint16_t *>(p) + i));
+  };
+  a.g = ld(t.g);
+  a.w = ld(t.w);
+  if constexpr (KIND == MTOPT__KIND_ADAMW || KIND == MTOPT__KIND_ADAM) {
+    a.s0 = ld(t.s0);
+    a.s1 = ld(t.s1);
+  } else if (s.momentum != 0.0f) {
+    a.s0 = ld(t.s0);
+  }
+}
+
+/* ld16, from the words of a group loaded ahead (AHEAD) or from memory. */
+template <bool SPLIT, bool AHEAD>
+__device__ __forceinline__ void ld16a(const void *base, const uint4 &ahead, int64_t i, int h,
+                                      uint16_t (&out)[8]) {
+  if constexpr (AHEAD) {
+    const uint32_t w[4] = {ahead.x, ahead.y, ahead.z, ahead.w};
+    unpack16(w, out);
+  } else {
+    ld16<SPLIT>(base, i, h, out);
   }
 }
 
@@ -127,10 +167,12 @@ __device__ __forceinline__ uint4 pack_bf16x8(const float (&x)[8], const uint32_t
 }
 
 /* The 8 elements of a group (pieces at i and i + h) of dtype DT (F32 or
- * BF16) as floats. */
-template <int DT, bool SPLIT>
-__device__ __forceinline__ void ld8(const void *base, int64_t i, int h, float (&x)[8]) {
+ * BF16) as floats; BF16 from the words loaded ahead where AHEAD. */
+template <int DT, bool SPLIT, bool AHEAD = false>
+__device__ __forceinline__ void ld8(const void *base, int64_t i, int h, float (&x)[8],
+                                    const uint4 &ahead = uint4{}) {
   if constexpr (DT == MTOPT__DT_F32) {
+    static_assert(!AHEAD, "a group loaded ahead has 16-bit arrays only");
     const float *b = static_cast<const float *>(base);
     const float4 lo = __ldcs(reinterpret_cast<const float4 *>(b + i));
     const float4 hi = __ldcs(reinterpret_cast<const float4 *>(b + i + h));
@@ -138,7 +180,7 @@ __device__ __forceinline__ void ld8(const void *base, int64_t i, int h, float (&
     x[4] = hi.x, x[5] = hi.y, x[6] = hi.z, x[7] = hi.w;
   } else {
     uint16_t u[8];
-    ld16<SPLIT>(base, i, h, u);
+    ld16a<SPLIT, AHEAD>(base, ahead, i, h, u);
 #pragma unroll
     for (int k = 0; k < 8; k++) x[k] = mtopt__bf16_to_f32(u[k]);
   }
@@ -163,19 +205,20 @@ __device__ __forceinline__ void st8(void *base, int64_t i, int h, const float (&
 }
 
 /* The weights of a group: the master where there is one (mtopt__ld_weight). */
-template <int W, int MM, bool SPLIT>
+template <int W, int MM, bool SPLIT, bool AHEAD>
 __device__ __forceinline__ void ld_weight8(const mtopt__tensor_rec_t &t, int64_t i, int h,
-                                           float (&w)[8]) {
+                                           float (&w)[8], const Ahead &ahead) {
   if constexpr (MM == MTOPT__MASTER_F32) {
     ld8<MTOPT__DT_F32, SPLIT>(t.mw, i, h, w);
   } else if constexpr (MM == MTOPT__MASTER_REMAINDER) {
+    static_assert(!AHEAD, "groups with remainders are not loaded ahead");
     uint16_t p[8], r[8];
     ld16<SPLIT>(t.w, i, h, p);
     ld16<SPLIT>(t.mw, i, h, r);
 #pragma unroll
     for (int k = 0; k < 8; k++) w[k] = mtopt__join_master(p[k], r[k]);
   } else {
-    ld8<W, SPLIT>(t.w, i, h, w);
+    ld8<W, SPLIT, AHEAD>(t.w, i, h, w, ahead.w);
   }
 }
 
@@ -248,20 +291,21 @@ __device__ __forceinline__ void draws8(const mtopt__sr_t &sr, int64_t e0, int h,
 }
 
 /* One group of 8, pieces of 4 at elements i and i + h of the tensor (16-byte
- * aligned in every array at i): mtopt__update_elem's arithmetic, element by
- * element. */
-template <int KIND, int W, int G, int S, int MM, bool SR, bool SPLIT>
+ * aligned in every array at i), from memory or (AHEAD) from the words loaded
+ * ahead: mtopt__update_elem's arithmetic, element by element. */
+template <int KIND, int W, int G, int S, int MM, bool SR, bool SPLIT, bool AHEAD>
 __device__ __forceinline__ void update8(const mtopt__tensor_rec_t &t, const mtopt__scalars_t &s,
-                                        const mtopt__sr_t &sr, int64_t i, int h) {
+                                        const mtopt__sr_t &sr, int64_t i, int h,
+                                        const Ahead &a) {
   float g[8], w[8];
-  ld8<G, SPLIT>(t.g, i, h, g);
-  ld_weight8<W, MM, SPLIT>(t, i, h, w);
+  ld8<G, SPLIT, AHEAD>(t.g, i, h, g, a.g);
+  ld_weight8<W, MM, SPLIT, AHEAD>(t, i, h, w, a);
   uint32_t pm[8] = {0u}, vv[8] = {0u};
   if constexpr (SR) draws8<SPLIT>(sr, t.sr_elem0 + i, h, pm, vv);
   if constexpr (KIND == MTOPT__KIND_ADAMW || KIND == MTOPT__KIND_ADAM) {
     float m[8], v[8];
-    ld8<S, SPLIT>(t.s0, i, h, m);
-    ld8<S, SPLIT>(t.s1, i, h, v);
+    ld8<S, SPLIT, AHEAD>(t.s0, i, h, m, a.s0);
+    ld8<S, SPLIT, AHEAD>(t.s1, i, h, v, a.s1);
 #pragma unroll
     for (int k = 0; k < 8; k++) mtopt__adam_elem(&s, KIND == MTOPT__KIND_ADAMW, g[k], &w[k], &m[k], &v[k]);
     st_weight8<W, MM, SR, SPLIT>(t, i, h, w, pm);
@@ -270,7 +314,7 @@ __device__ __forceinline__ void update8(const mtopt__tensor_rec_t &t, const mtop
   } else { /* SGD: momentum is 0 where the tensor has no buffer */
     float b[8];
     if (s.momentum != 0.0f) {
-      ld8<S, SPLIT>(t.s0, i, h, b);
+      ld8<S, SPLIT, AHEAD>(t.s0, i, h, b, a.s0);
     } else {
 #pragma unroll
       for (int k = 0; k < 8; k++) b[k] = 0.0f;
@@ -290,7 +334,7 @@ __device__ __forceinline__ int aligned_at(const void *p, int64_t i, int esize) {
  * 16-byte boundary, groups of 8 (in spans of 256 where SPLIT, then
  * contiguous), a scalar tail; or, where an array is at another phase, all of
  * it element by element. Every thread of the team calls it. */
-template <int TEAM, int KIND, int W, int G, int S, int MM, bool SR>
+template <int TEAM, int KIND, int W, int G, int S, int MM, bool SR, bool AHEAD>
 __device__ __forceinline__ void update_chunk(const mtopt__tensor_rec_t &t,
                                              const mtopt__scalars_t &s, const mtopt__sr_t &sr,
                                              int64_t start, int32_t len, int lane) {
@@ -320,10 +364,24 @@ __device__ __forceinline__ void update_chunk(const mtopt__tensor_rec_t &t,
   constexpr bool SPLIT = we == 4 || ge == 4 || se == 4 || me == 4;
   static_assert(TEAM % 32 == 0, "a warp's lanes take one span");
   const int32_t groups = (len - i0) / 8, in_spans = SPLIT ? (len - i0) / 256 * 32 : 0;
-  for (int32_t q = lane; q < groups; q += TEAM) {
-    const bool span = q < in_spans;
-    update8<KIND, W, G, S, MM, SR, SPLIT>(t, s, sr, a + (span ? 256 * (q >> 5) + 4 * (q & 31) : 8 * q),
-                                          span ? 128 : 4);
+  if constexpr (AHEAD && !SPLIT && MM == MTOPT__MASTER_NONE) {
+    /* Each group's loads are issued before the group before it is
+     * computed, so that a thread's next loads are in flight while it
+     * computes and rounds (draws and all) its current group. */
+    Ahead next;
+    int32_t q = lane;
+    if (q < groups) load_ahead<KIND>(t, s, a + 8 * q, next);
+    for (; q < groups; q += TEAM) {
+      const Ahead cur = next;
+      if (q + TEAM < groups) load_ahead<KIND>(t, s, a + 8 * (q + TEAM), next);
+      update8<KIND, W, G, S, MM, SR, false, true>(t, s, sr, a + 8 * q, 4, cur);
+    }
+  } else {
+    for (int32_t q = lane; q < groups; q += TEAM) {
+      const bool span = q < in_spans;
+      update8<KIND, W, G, S, MM, SR, SPLIT, false>(
+          t, s, sr, a + (span ? 256 * (q >> 5) + 4 * (q & 31) : 8 * q), span ? 128 : 4, Ahead{});
+    }
   }
   const int32_t tail = i0 + 8 * groups;
   if (lane < len - tail) mtopt__update_elem(KIND, &s, &sr, &t, start + tail + lane, &unused_w, &unused_u);
@@ -340,7 +398,7 @@ __device__ __forceinline__ int layout_of(const mtopt__tensor_rec_t &t) {
 }
 
 /* Runs the chunk on its layout's vector path; returns 0 where there is none. */
-template <int TEAM, int KIND>
+template <int TEAM, int KIND, bool AHEAD>
 __device__ __forceinline__ int update(const mtopt__tensor_rec_t &t, const mtopt__scalars_t &s,
                                       const mtopt__sr_t &sr, int64_t start, int32_t len,
                                       int lane) {
@@ -352,11 +410,11 @@ __device__ __forceinline__ int update(const mtopt__tensor_rec_t &t, const mtopt_
 #define MTOPT__MV_SR(W_, S_, MM_) (((MM_) == N && (W_) == B) || (S_) == B)
 #define MTOPT__MV_CASE(code, W_, G_, S_, MM_)                                            \
   case 2 * (code):                                                                     \
-    update_chunk<TEAM, KIND, W_, G_, S_, MM_, false>(t, s, sr, start, len, lane);      \
+    update_chunk<TEAM, KIND, W_, G_, S_, MM_, false, false>(t, s, sr, start, len, lane); \
     return 1;                                                                          \
   case 2 * (code) + 1:                                                                 \
-    update_chunk<TEAM, KIND, W_, G_, S_, MM_, MTOPT__MV_SR(W_, S_, MM_)>(t, s, sr, start, \
-                                                                        len, lane);    \
+    update_chunk<TEAM, KIND, W_, G_, S_, MM_, MTOPT__MV_SR(W_, S_, MM_), AHEAD>(         \
+        t, s, sr, start, len, lane);                                                   \
     return 1;
     MTOPT__MV_CASE(0, B, F, F, N)
     MTOPT__MV_CASE(1, B, F, B, N)

@@ -201,14 +201,14 @@ __device__ __forceinline__ void mixed_stats(const ChunkView &v, double &acc, uns
   }
 }
 
-template <int TEAM, int KIND>
+template <int TEAM, int KIND, bool AHEAD>
 __device__ __forceinline__ void mixed_update(const ChunkView &v, double &wsq, double &usq) {
   const mtopt__tensor_rec_t t = v.rec;
   const mtopt__scalars_t s = v.s;
   const mtopt__sr_t sr = v.sr;
   /* F32/BF16 layouts of AdamW, Adam and SGD: 8 elements at a time (mixed_vec.cuh) */
   if constexpr (KIND != MTOPT__KIND_LAMB) {
-    if (mixed_vec::update<TEAM, KIND>(t, s, sr, v.start, v.len, team_lane<TEAM>())) return;
+    if (mixed_vec::update<TEAM, KIND, AHEAD>(t, s, sr, v.start, v.len, team_lane<TEAM>())) return;
   }
   for (int32_t i = team_lane<TEAM>(); i < v.len; i += TEAM)
     mtopt__update_elem(KIND, &s, &sr, &t, v.start + i, &wsq, &usq);
@@ -254,7 +254,7 @@ __device__ __forceinline__ float lamb_chunk_step(const mtopt__plan_t &p, const C
 /* Every thread of the team calls it; v is the team's shared view. Slice k of
  * `slices` of chunk c (load_view); the passes with per-chunk slots (STATS,
  * LAMB) take whole chunks. */
-template <int TEAM, int PASS, int KIND, bool MIXED>
+template <int TEAM, int PASS, int KIND, bool MIXED, bool AHEAD = false>
 __device__ __forceinline__ void do_chunk(const mtopt__plan_t &p, int64_t c, int k, int slices,
                                          ChunkView &v) {
   if (team_lane<TEAM>() == 0) load_view<PASS, MIXED>(p, c, k, slices, v);
@@ -282,7 +282,7 @@ __device__ __forceinline__ void do_chunk(const mtopt__plan_t &p, int64_t c, int 
   } else if constexpr (PASS == MTOPT__PASS_UPDATE) {
     double wsq = 0.0, usq = 0.0; /* LAMB: the chunk's sums of w^2 and u^2 */
     if constexpr (MIXED) {
-      mixed_update<TEAM, KIND>(v, wsq, usq);
+      mixed_update<TEAM, KIND, AHEAD>(v, wsq, usq);
     } else if constexpr (KIND == MTOPT__KIND_ADAMW || KIND == MTOPT__KIND_ADAM) {
       AdamOp<KIND == MTOPT__KIND_ADAMW> op{v.s};
       float *const arr[4] = {v.w, v.g, v.s0, v.s1};
@@ -335,10 +335,16 @@ __device__ __forceinline__ void do_chunk(const mtopt__plan_t &p, int64_t c, int 
  * the block's completion count comes once, at the end. The block that exits
  * last resets the counter for the next launch (graph replays included). */
 /* Flavours of the block kernel, chosen per plan (launch below): all-F32, and
- * three of the mixed paths, compiled for the registers each kind of layout
+ * four of the mixed paths, compiled for the registers each kind of layout
  * wants, as resident blocks per SM (blocks_per_sm):
  * - bf16 state (8 bf16 of each array per group): 4 (64 registers), which
  *   lifted GPT-2 XL bf16 everywhere from 0.74 to 0.92 of the copy (v6);
+ * - bf16 state rounded stochastically, the update of AdamW, Adam and SGD
+ *   only: 3 (80 registers), where the all-bf16 layouts load each group one
+ *   group ahead (mixed_vec.cuh: update_chunk): bf16 everywhere with SR
+ *   0.929 / 0.948 of the copy on GPT-2 XL / LLaMA 1.1B against 0.916 /
+ *   0.938 at 4 blocks without, and 0.888 / 0.904 at 3 blocks without
+ *   (docs/perf_notes_mixed.md, v21);
  * - fp32 state with 4-byte weights (fp32 masters or parameters, or bf16 with
  *   remainders): 3 (80 registers with split groups, mixed_vec.cuh), with
  *   slices of kSliceLen: GPT-2 XL bf16 + fp32 masters 0.946 of the copy at
@@ -352,19 +358,20 @@ __device__ __forceinline__ void do_chunk(const mtopt__plan_t &p, int64_t c, int 
  * models, against 0.957-0.968 at the 69 it takes uncapped, 3 blocks;
  * perf_notes.md v17); the other kinds as many as their registers allow (at
  * 4, AdamW ran no faster). */
-constexpr int kFlavourF32 = 0, kFlavourMixed = 1, kFlavourNarrow = 2, kFlavourMixedNarrowW = 3;
+constexpr int kFlavourF32 = 0, kFlavourMixed = 1, kFlavourNarrow = 2, kFlavourMixedNarrowW = 3,
+              kFlavourNarrowSR = 4;
 
 constexpr int blocks_per_sm(int fl, int kind) {
   if (fl == kFlavourF32) return kind == MTOPT__KIND_SGD ? 4 : 1; /* 1: no cap */
-  return fl == kFlavourMixed ? 3 : 4;
+  return fl == kFlavourMixed ? 3 : fl == kFlavourNarrowSR ? 3 : 4;
 }
 
 template <int PASS, int KIND, int FL>
 __global__ void __launch_bounds__(kBlock, blocks_per_sm(FL, KIND))
     block_kernel(mtopt__plan_t p, int64_t c0, int slices) {
   __shared__ ChunkView v;
-  do_chunk<kBlock, PASS, KIND, FL != kFlavourF32>(p, c0 + blockIdx.x / slices,
-                                                  (int)(blockIdx.x % slices), slices, v);
+  do_chunk<kBlock, PASS, KIND, FL != kFlavourF32, FL == kFlavourNarrowSR>(
+      p, c0 + blockIdx.x / slices, (int)(blockIdx.x % slices), slices, v);
   finish_block<PASS>(p, 1u, p.num_chunks * slices);
 }
 
@@ -439,8 +446,12 @@ void launch(const mtopt__plan_t &p, int sm_count, int64_t c0, int64_t c1, cudaSt
    * only; the other passes of such plans run the mixed one */
   constexpr int kNarrowW =
       PASS == MTOPT__PASS_UPDATE && KIND != MTOPT__KIND_LAMB ? kFlavourMixedNarrowW : kFlavourMixed;
+  constexpr int kNarrowSR =
+      PASS == MTOPT__PASS_UPDATE && KIND != MTOPT__KIND_LAMB ? kFlavourNarrowSR : kFlavourNarrow;
   if (p.all_f32)
     launch<PASS, KIND, kFlavourF32>(p, sm_count, c0, c1, stream);
+  else if (p.bf16_state && p.stochastic)
+    launch<PASS, KIND, kNarrowSR>(p, sm_count, c0, c1, stream);
   else if (p.bf16_state)
     launch<PASS, KIND, kFlavourNarrow>(p, sm_count, c0, c1, stream);
   else if (p.narrow_weights)
