@@ -36,8 +36,9 @@
 
 namespace mixed_vec {
 
-/* The 8 16-bit values of 4 words, in element order. */
-__device__ __forceinline__ void unpack16(const uint32_t (&w)[4], uint16_t (&out)[8]) {
+/* The 8 16-bit values of a group's 16 bytes, in element order. */
+__device__ __forceinline__ void unpack16(uint4 u, uint16_t (&out)[8]) {
+  const uint32_t w[4] = {u.x, u.y, u.z, u.w};
 #pragma unroll
   for (int k = 0; k < 4; k++) {
     out[2 * k] = (uint16_t)(w[k] & 0xffffu);
@@ -50,16 +51,13 @@ __device__ __forceinline__ void unpack16(const uint32_t (&w)[4], uint16_t (&out)
 template <bool SPLIT>
 __device__ __forceinline__ void ld16(const void *base, int64_t i, int h, uint16_t (&out)[8]) {
   const uint16_t *b = static_cast<const uint16_t *>(base);
-  uint32_t w[4];
   if constexpr (SPLIT) {
     const uint2 lo = __ldcs(reinterpret_cast<const uint2 *>(b + i));
     const uint2 hi = __ldcs(reinterpret_cast<const uint2 *>(b + i + h));
-    w[0] = lo.x, w[1] = lo.y, w[2] = hi.x, w[3] = hi.y;
+    unpack16(make_uint4(lo.x, lo.y, hi.x, hi.y), out);
   } else {
-    const uint4 u = __ldcs(reinterpret_cast<const uint4 *>(b + i));
-    w[0] = u.x, w[1] = u.y, w[2] = u.z, w[3] = u.w;
+    unpack16(__ldcs(reinterpret_cast<const uint4 *>(b + i)), out);
   }
-  unpack16(w, out);
 }
 
 /* A group's 16-byte words of every array, loaded one group ahead (the
@@ -90,8 +88,7 @@ template <bool SPLIT, bool AHEAD>
 __device__ __forceinline__ void ld16a(const void *base, const uint4 &ahead, int64_t i, int h,
                                       uint16_t (&out)[8]) {
   if constexpr (AHEAD) {
-    const uint32_t w[4] = {ahead.x, ahead.y, ahead.z, ahead.w};
-    unpack16(w, out);
+    unpack16(ahead, out);
   } else {
     ld16<SPLIT>(base, i, h, out);
   }

@@ -363,7 +363,7 @@ constexpr int kFlavourF32 = 0, kFlavourMixed = 1, kFlavourNarrow = 2, kFlavourMi
 
 constexpr int blocks_per_sm(int fl, int kind) {
   if (fl == kFlavourF32) return kind == MTOPT__KIND_SGD ? 4 : 1; /* 1: no cap */
-  return fl == kFlavourMixed ? 3 : fl == kFlavourNarrowSR ? 3 : 4;
+  return fl == kFlavourMixed || fl == kFlavourNarrowSR ? 3 : 4;
 }
 
 template <int PASS, int KIND, int FL>
