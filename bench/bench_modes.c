@@ -54,6 +54,11 @@ const precision_t bench_precisions[] = {
      MTOPT_ROUNDING_NEAREST, 0},
     {"bf16-all-sr", MTOPT_DTYPE_BF16, MTOPT_DTYPE_BF16, MTOPT_MASTER_NONE, MTOPT_DTYPE_BF16,
      MTOPT_ROUNDING_STOCHASTIC, 0},
+    /* bf16 state, SR, beside arrays of 4 bytes */
+    {"bf16-master-bf16state-sr", MTOPT_DTYPE_BF16, MTOPT_DTYPE_BF16, MTOPT_MASTER_F32,
+     MTOPT_DTYPE_BF16, MTOPT_ROUNDING_STOCHASTIC, 0},
+    {"f32-bf16state-sr", MTOPT_DTYPE_F32, MTOPT_DTYPE_F32, MTOPT_MASTER_NONE, MTOPT_DTYPE_BF16,
+     MTOPT_ROUNDING_STOCHASTIC, 0},
     {"f32-bf16grad", MTOPT_DTYPE_F32, MTOPT_DTYPE_BF16, MTOPT_MASTER_NONE, MTOPT_DTYPE_F32,
      MTOPT_ROUNDING_NEAREST, 0},
     /* bf16 matrices with fp32 masters, fp32 vectors (under 65536 elements) */

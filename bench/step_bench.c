@@ -94,6 +94,7 @@ static void usage(FILE *f) {
           "  --optimizer adamw|adam|sgd|lamb   (default adamw)\n"
           "  --dtype NAME            f32 (default), bf16-master, bf16-remainder,\n"
           "                          bf16-nearest, bf16-sr, bf16-all, bf16-all-sr,\n"
+          "                          bf16-master-bf16state-sr, f32-bf16state-sr,\n"
           "                          f32-bf16grad, mixed-table (docs/benchmarks.md)\n"
           "  --modes LIST            one-tensor,fused,packed,loop,mixed,packed-mixed,graph,\n"
           "                          ref-adamw,copy\n"

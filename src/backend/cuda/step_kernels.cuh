@@ -27,8 +27,8 @@
  * from a counter (warp_kernel below).
  *
  * Slices: for the passes that reduce nothing across a chunk (the update of
- * AdamW, Adam and SGD) on every plan but those with bf16 state rounded
- * stochastically, each chunk of a large-chunk plan is cut into slices of
+ * AdamW, Adam and SGD; SGD's not with bf16 state rounded stochastically),
+ * each chunk of a large-chunk plan is cut into slices of
  * about kSliceLen (kSliceLenNarrow) elements, a block per slice, the slices
  * of one chunk in consecutive blocks. The blocks resident at any moment then
  * cover a few dozen chunks end to end rather than a thin piece of each of
@@ -64,11 +64,14 @@ namespace {
  * with fp32 state (of 4096, 6144, 8192, 11264, 16384 and whole chunks:
  * docs/perf_notes_mixed.md, v14). */
 constexpr int64_t kSliceLen = 8192;
-/* The same for plans with bf16 state rounded to nearest (the narrow mixed
- * flavour, a group of 8 elements a thread at a time): 16384 elements, 8
- * groups per thread, ran best of 8192, 16384, 32768 and whole 65536-element
- * chunks (docs/perf_notes.md, v12). With stochastic rounding no slice length
- * beat whole chunks by more than the noise, so those plans are not sliced. */
+/* The same for plans with bf16 state (the narrow mixed flavours, a group of
+ * 8 elements a thread at a time): 16384 elements, 8 groups per thread, ran
+ * best of 8192, 16384, 32768 and whole 65536-element chunks, to nearest
+ * (docs/perf_notes.md, v12) and, since its groups load ahead, with
+ * stochastic rounding (AdamW: bf16 everywhere 0.929 -> 0.938 of the copy on
+ * GPT-2 XL, with fp32 masters 0.909 -> 0.929; docs/perf_notes_mixed.md,
+ * v22). SGD with stochastic rounding keeps whole chunks (sliced, -0.9% on
+ * LLaMA 1.1B, +0.6% on GPT-2 XL). */
 constexpr int64_t kSliceLenNarrow = 16384;
 /* Slices start at multiples of this many elements from the chunk's start (4 KB
  * of fp32): slices of 9368 elements, whose warps' 512-byte accesses straddled
@@ -344,7 +347,10 @@ __device__ __forceinline__ void do_chunk(const mtopt__plan_t &p, int64_t c, int 
  *   group ahead (mixed_vec.cuh: update_chunk): bf16 everywhere with SR
  *   0.929 / 0.948 of the copy on GPT-2 XL / LLaMA 1.1B against 0.916 /
  *   0.938 at 4 blocks without, and 0.888 / 0.904 at 3 blocks without
- *   (docs/perf_notes_mixed.md, v21);
+ *   (docs/perf_notes_mixed.md, v21); the layouts with 4-byte arrays, which
+ *   do not load ahead, also ran better here than in the bf16-state flavour
+ *   at 4 blocks (fp32 masters with bf16 state 0.909 against 0.902, fp32
+ *   parameters 0.953 against 0.915; v22);
  * - fp32 state with 4-byte weights (fp32 masters or parameters, or bf16 with
  *   remainders): 3 (80 registers with split groups, mixed_vec.cuh), with
  *   slices of kSliceLen: GPT-2 XL bf16 + fp32 masters 0.946 of the copy at
@@ -409,15 +415,15 @@ __global__ void __launch_bounds__(kBlock) warp_kernel(mtopt__plan_t p, int64_t c
  * the registers of the mixed-precision paths do not cut their occupancy; the
  * small-chunk kernel has one mixed flavour. */
 /* Slices per chunk of a large-chunk plan's pass (see "Slices" above): about
- * kSliceLenNarrow (bf16 state, to nearest) or kSliceLen (the others)
- * elements of a mean chunk each (so that few slices are empty); 1 for the
- * passes that fill per-chunk slots, where the grid would pass 2^31-1 blocks,
- * and for bf16 state rounded stochastically, where no slice length beat
- * whole chunks (perf_notes.md v7 and v12, perf_notes_mixed.md v14). */
+ * kSliceLenNarrow (bf16 state) or kSliceLen (the others) elements of a mean
+ * chunk each (so that few slices are empty); 1 for the passes that fill
+ * per-chunk slots, where the grid would pass 2^31-1 blocks, and for SGD with
+ * bf16 state rounded stochastically (perf_notes.md v7 and v12,
+ * perf_notes_mixed.md v14 and v22). */
 template <int PASS, int KIND>
 int slices_of(const mtopt__plan_t &p) {
   if (PASS != MTOPT__PASS_UPDATE || KIND == MTOPT__KIND_LAMB) return 1;
-  if (p.bf16_state && p.stochastic) return 1;
+  if (KIND == MTOPT__KIND_SGD && p.bf16_state && p.stochastic) return 1;
   const int64_t per = p.bf16_state ? kSliceLenNarrow : kSliceLen;
   const int64_t len = p.mean_chunk_len < p.chunk_size ? p.mean_chunk_len : p.chunk_size;
   const int64_t s = (len + per - 1) / per;
