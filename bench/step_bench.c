@@ -108,7 +108,7 @@ static void usage(FILE *f) {
           "  --graph 0|1             CUDA-graph replay modes (default 1)\n"
           "  --threads N             CPU threads (default: OpenMP's)\n"
           "  --device N              CUDA device (default 0)\n"
-          "  --chunk-size N          elements per chunk (default the library's)\n"
+          "  --chunk-size N          elements per chunk (default 0: the library's)\n"
           "  --repeat R              run the modes R times, interleaved, and take the\n"
           "                          median over all samples (noisy machines; default 1)\n"
           "  --json FILE, --csv FILE write the rows\n");
@@ -215,8 +215,8 @@ static int parse_opt(int c, const char *arg, opts_t *o, int *modes_given) {
   case O_DEVICE: return parse_int(arg, 0, 1024, &o->device);
   case O_CHUNK: {
     int v;
-    if (parse_int(arg, 4, 1 << 30, &v)) return -1;
-    o->chunk_size = v;
+    if (parse_int(arg, 0, 1 << 30, &v) || (v > 0 && v < 4)) return -1;
+    o->chunk_size = v; /* 0: the library's choice */
     return 0;
   }
   case O_JSON: o->json = arg; return 0;
