@@ -24,6 +24,8 @@ CONFIGS = [
     ("bf16-sr", "the same, stochastic rounding"),
     ("bf16-all", "bf16 everywhere, nearest"),
     ("bf16-all-sr", "bf16 everywhere, stochastic rounding"),
+    ("bf16-master-bf16state-sr", "bf16 params and grads, fp32 master, bf16 state, SR"),
+    ("f32-bf16state-sr", "fp32 params and grads, bf16 state, SR"),
     ("f32-bf16grad", "fp32 params, bf16 grads"),
     ("mixed-table", "mixed table: bf16 matrices with fp32 masters, fp32 vectors"),
 ]
