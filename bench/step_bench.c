@@ -92,10 +92,12 @@ static void usage(FILE *f) {
           "  --print-shapes          print each shape (--shapes, default all built-in):\n"
           "                          name, tensors, params, hash, ...; then exit\n"
           "  --optimizer adamw|adam|sgd|lamb   (default adamw)\n"
-          "  --dtype NAME            f32 (default), bf16-master, bf16-remainder,\n"
-          "                          bf16-nearest, bf16-sr, bf16-all, bf16-all-sr,\n"
-          "                          bf16-master-bf16state-sr, f32-bf16state-sr,\n"
-          "                          f32-bf16grad, mixed-table (docs/benchmarks.md)\n"
+          "  --dtype NAME            one of (the first the default; docs/benchmarks.md):\n"
+          "                         ");
+  for (const precision_t *p = bench_precisions; p->name; p++) fprintf(f, " %s", p->name);
+  fprintf(f,
+          "\n"
+          "  --list-dtypes           print those names, one a line; then exit\n"
           "  --modes LIST            one-tensor,fused,packed,loop,mixed,packed-mixed,graph,\n"
           "                          ref-adamw,copy\n"
           "                          (default all; graph = graph and graph-mixed, CUDA\n"
@@ -111,7 +113,9 @@ static void usage(FILE *f) {
           "  --chunk-size N          elements per chunk (default 0: the library's)\n"
           "  --repeat R              run the modes R times, interleaved, and take the\n"
           "                          median over all samples (noisy machines; default 1)\n"
-          "  --json FILE, --csv FILE write the rows\n");
+          "  --json FILE, --csv FILE write the rows\n"
+          "exit status: 0, 1 if a row failed, 2 on bad arguments, 77 if the backend\n"
+          "has no usable device (ctest's skip)\n");
 }
 
 static int add_shapes(opts_t *o, const char *arg) {
@@ -177,7 +181,7 @@ static int parse_modes(const char *arg, opts_t *o) {
 }
 
 enum { O_BACKEND = 256, O_SHAPES, O_OPT, O_DTYPE, O_ITERS, O_WARMUP, O_CHECK, O_GRAPH, O_JSON,
-       O_CSV, O_THREADS, O_MODES, O_LOOPITERS, O_DEVICE, O_CHUNK, O_REPEAT, O_PRINT, O_HELP };
+       O_CSV, O_THREADS, O_MODES, O_LOOPITERS, O_DEVICE, O_CHUNK, O_REPEAT, O_PRINT, O_LIST_DTYPES, O_HELP };
 
 static const struct option longopts[] = {
     {"backend", required_argument, 0, O_BACKEND}, {"shapes", required_argument, 0, O_SHAPES},
@@ -192,6 +196,7 @@ static const struct option longopts[] = {
     {"chunk-size", required_argument, 0, O_CHUNK},
     {"repeat", required_argument, 0, O_REPEAT},
     {"print-shapes", no_argument, 0, O_PRINT},
+    {"list-dtypes", no_argument, 0, O_LIST_DTYPES},
     {"help", no_argument, 0, O_HELP},             {0, 0, 0, 0}};
 
 /* One option; 0, or -1 where its argument is bad. */
@@ -236,6 +241,10 @@ static int parse_args(int argc, char **argv, opts_t *o) {
   while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
     if (c == O_HELP || c == 'h') {
       usage(stdout);
+      return 1;
+    }
+    if (c == O_LIST_DTYPES) {
+      for (const precision_t *p = bench_precisions; p->name; p++) printf("%s\n", p->name);
       return 1;
     }
     bad |= parse_opt(c, optarg, o, &modes_given) != 0;

@@ -221,9 +221,8 @@ step mtopt_bench_optimizers 240 bash -c "for k in adam sgd lamb; do \"$BUILD/ben
 # step, its graph replay and the copy of the same bytes), and PyTorch's
 # bf16 counterparts; the JSON files go into logs.tar.gz.
 # bf16-master also times the reference AdamW kernel in its layout (ref_adamw.h).
-step mtopt_bench_dtypes 240 bash -c "for d in bf16-master bf16-remainder bf16-nearest bf16-sr \
-  bf16-all bf16-all-sr bf16-master-bf16state-sr f32-bf16state-sr f32-bf16grad mixed-table; do \
-  m=fused,graph,copy; \
+step mtopt_bench_dtypes 240 bash -c "for d in \$(\"$BUILD/bench/mtopt_bench\" --list-dtypes | \
+  grep -vx f32); do m=fused,graph,copy; \
   [ \$d = bf16-master ] && m=\$m,ref-adamw; \"$BUILD/bench/mtopt_bench\" --backend cuda \
   --shapes gpt2-xl,llama-1.1b --modes \$m --iters 20 --warmup 5 --dtype \$d \
   --json \"$LOGS/mtopt_bench_\$d.json\" || exit 1; done"

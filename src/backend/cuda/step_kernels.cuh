@@ -28,8 +28,8 @@
  *
  * Slices: for the passes that reduce nothing across a chunk (the update of
  * AdamW, Adam and SGD; SGD's not with bf16 state rounded stochastically),
- * each chunk of a large-chunk plan is cut into slices of
- * about kSliceLen (kSliceLenNarrow) elements, a block per slice, the slices
+ * each chunk of a large-chunk plan is cut into slices of about kSliceLen
+ * (kSliceLenNarrow) elements, a block per slice, the slices
  * of one chunk in consecutive blocks. The blocks resident at any moment then
  * cover a few dozen chunks end to end rather than a thin piece of each of
  * hundreds: with the same arithmetic, the same bytes scattered over hundreds
@@ -66,12 +66,14 @@ namespace {
 constexpr int64_t kSliceLen = 8192;
 /* The same for plans with bf16 state (the narrow mixed flavours, a group of
  * 8 elements a thread at a time): 16384 elements, 8 groups per thread, ran
- * best of 8192, 16384, 32768 and whole 65536-element chunks, to nearest
- * (docs/perf_notes.md, v12) and, since its groups load ahead, with
- * stochastic rounding (AdamW: bf16 everywhere 0.929 -> 0.938 of the copy on
- * GPT-2 XL, with fp32 masters 0.909 -> 0.929; docs/perf_notes_mixed.md,
- * v22). SGD with stochastic rounding keeps whole chunks (sliced, -0.9% on
- * LLaMA 1.1B, +0.6% on GPT-2 XL). */
+ * best of 8192, 16384, 32768 and whole 65536-element chunks to nearest
+ * (docs/perf_notes.md, v12), and of 16384, 32768 and whole chunks with
+ * stochastic rounding once that flavour's loop was no longer close to
+ * issue-bound (AdamW: bf16 everywhere 0.929 -> 0.938 of the copy on GPT-2
+ * XL, fp32 masters with bf16 state 0.909 -> 0.929; docs/perf_notes_mixed.md,
+ * v22; Adam, the same loop, sliced by the same rule, not measured). SGD with
+ * stochastic rounding keeps whole chunks (sliced: -0.9% on LLaMA 1.1B, +0.6%
+ * on GPT-2 XL). */
 constexpr int64_t kSliceLenNarrow = 16384;
 /* Slices start at multiples of this many elements from the chunk's start (4 KB
  * of fp32): slices of 9368 elements, whose warps' 512-byte accesses straddled
