@@ -46,6 +46,11 @@ __device__ __forceinline__ void unpack16(uint4 u, uint16_t (&out)[8]) {
   }
 }
 
+/* The 16 bytes of the 8 16-bit values at element i (16-byte aligned). */
+__device__ __forceinline__ uint4 ld16x8(const void *base, int64_t i) {
+  return __ldcs(reinterpret_cast<const uint4 *>(static_cast<const uint16_t *>(base) + i));
+}
+
 /* The 8 raw 16-bit words of a group: pieces at i and i + h (16-byte
  * aligned at i; !SPLIT: h is 4, one load). */
 template <bool SPLIT>
@@ -56,7 +61,7 @@ __device__ __forceinline__ void ld16(const void *base, int64_t i, int h, uint16_
     const uint2 hi = __ldcs(reinterpret_cast<const uint2 *>(b + i + h));
     unpack16(make_uint4(lo.x, lo.y, hi.x, hi.y), out);
   } else {
-    unpack16(__ldcs(reinterpret_cast<const uint4 *>(b + i)), out);
+    unpack16(ld16x8(base, i), out);
   }
 }
 
@@ -70,16 +75,13 @@ struct Ahead {
 template <int KIND>
 __device__ __forceinline__ void load_ahead(const mtopt__tensor_rec_t &t, const mtopt__scalars_t &s,
                                            int64_t i, Ahead &a) {
-  auto ld = [i](const void *p) {
-    return __ldcs(reinterpret_cast<const uint4 *>(static_cast<const uint16_t *>(p) + i));
-  };
-  a.g = ld(t.g);
-  a.w = ld(t.w);
+  a.g = ld16x8(t.g, i);
+  a.w = ld16x8(t.w, i);
   if constexpr (KIND == MTOPT__KIND_ADAMW || KIND == MTOPT__KIND_ADAM) {
-    a.s0 = ld(t.s0);
-    a.s1 = ld(t.s1);
+    a.s0 = ld16x8(t.s0, i);
+    a.s1 = ld16x8(t.s1, i);
   } else if (s.momentum != 0.0f) {
-    a.s0 = ld(t.s0);
+    a.s0 = ld16x8(t.s0, i);
   }
 }
 
