@@ -181,7 +181,8 @@ static int parse_modes(const char *arg, opts_t *o) {
 }
 
 enum { O_BACKEND = 256, O_SHAPES, O_OPT, O_DTYPE, O_ITERS, O_WARMUP, O_CHECK, O_GRAPH, O_JSON,
-       O_CSV, O_THREADS, O_MODES, O_LOOPITERS, O_DEVICE, O_CHUNK, O_REPEAT, O_PRINT, O_LIST_DTYPES, O_HELP };
+       O_CSV, O_THREADS, O_MODES, O_LOOPITERS, O_DEVICE, O_CHUNK, O_REPEAT, O_PRINT,
+       O_LIST_DTYPES, O_HELP };
 
 static const struct option longopts[] = {
     {"backend", required_argument, 0, O_BACKEND}, {"shapes", required_argument, 0, O_SHAPES},
