@@ -86,6 +86,17 @@ constexpr int64_t kWarpTeamBelow = 4096;
 /* Warp-per-chunk grids: blocks per SM (3 are resident at 80 registers per
  * thread; one more keeps the SMs fed while the first ones finish). */
 constexpr int kWarpBlocksPerSm = 4;
+/* Chunks a warp claims per atomic on the shared counter: the all-F32
+ * statistics pass reads 4 bytes per element, so its short chunks queue on
+ * that one counter (claiming 8 took the many-mixed step from 0.95 to 0.82 ms,
+ * tiny-50k from 0.82 to 0.76); the update pass keeps 1, where the tail
+ * imbalance of longer claims costs more than the atomics, and so does the
+ * mixed-precision statistics pass, which claiming 4 made slower
+ * (perf_notes_small.md v20). */
+template <int PASS, bool MIXED>
+__host__ __device__ constexpr int warp_claim() {
+  return PASS == MTOPT__PASS_STATS && !MIXED ? 8 : 1;
+}
 
 /* ---- the end of a block: count, and finalise if last ---- */
 
@@ -392,14 +403,17 @@ __global__ void __launch_bounds__(kBlock) warp_kernel(mtopt__plan_t p, int64_t c
   __syncthreads();
   ChunkView &v = views[team_index<32>()];
   const int lane = team_lane<32>();
+  constexpr int claim = warp_claim<PASS, MIXED>();
   unsigned mine = 0;
   for (;;) {
     unsigned k = 0;
-    if (lane == 0) k = atomicAdd(&p.hyper->chunks_fetched, 1u);
+    if (lane == 0) k = atomicAdd(&p.hyper->chunks_fetched, (unsigned)claim);
     k = __shfl_sync(0xffffffffu, k, 0);
     if ((int64_t)k >= c1 - c0) break;
-    do_chunk<32, PASS, KIND, MIXED>(p, c0 + k, 0, 1, v);
-    mine++;
+    const int64_t end = (int64_t)k + claim < c1 - c0 ? (int64_t)k + claim : c1 - c0;
+#pragma unroll 1
+    for (int64_t j = k; j < end; j++) do_chunk<32, PASS, KIND, MIXED>(p, c0 + j, 0, 1, v);
+    mine += (unsigned)(end - k);
   }
   if (lane == 0) atomicAdd(&done, mine);
   __syncthreads(); /* every warp has stopped fetching */
