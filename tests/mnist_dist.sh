@@ -154,15 +154,18 @@ echo "test accuracy: one process $acc1%, 2 ranks $acc2%"
 
 # 2b. AdamW hardly notices a wrong gradient scale (its update is normalised),
 # so compare SGD's loss curves step by step: each rank's gradient must be its
-# rows' loss summed / (batch / world). Only the summation order differs
-# (measured: 2.3e-6 relative); forgetting the / world gives 0.35.
+# rows' loss summed / (batch / world). Only the summation order differs,
+# and how far 48 steps carry that depends on the BLAS kernels: measured
+# 2.3e-6 relative with OpenBLAS 0.3.21's Haswell and SkylakeX kernels, 1.0e-3
+# with the generic Prescott ones it falls back to on a CPU it does not know;
+# forgetting the / world gives 0.35, so the bar is 1e-2.
 "$bin" "${common[@]}" --optimizer sgd --csv "$work/sgd1.csv" > "$work/sgd1.txt" 2>&1 ||
   fail "the one-process SGD run failed"
 run sgd2 2 "${common[@]}" --optimizer sgd --csv "$work/sgd2.csv" ||
   { cat "$work/sgd2.txt"; fail "the 2-rank SGD run failed"; }
 worst=$(curve_diff "$work/sgd1.csv" "$work/sgd2.csv")
 echo "SGD, 2 ranks vs one process: largest relative loss difference $worst"
-awk -v w="${worst%% *}" 'BEGIN { exit !(w < 1e-3) }' ||
+awk -v w="${worst%% *}" 'BEGIN { exit !(w < 1e-2) }' ||
   fail "SGD losses at 2 ranks differ from one process by $worst (the gradient scaling is off)"
 
 # 3. One rank through mtopt_dist (--dist): the average over one rank is
