@@ -20,6 +20,9 @@
 # machine: mkdir -p .deps && cd .deps && apt-get download check libsubunit-dev
 # libsubunit0); .deps/ is git-ignored, so carry it to the GPU host explicitly.
 # They are unpacked into .deps/prefix and pkg-config is pointed at them.
+# The MNIST tests need the data set: where the host lacks
+# /usr/share/datasets/fashion-mnist, copy it to .data/fashion-mnist (also
+# git-ignored) and carry that too, or ctest_cuda fails on mnist_dist_cuda.
 #
 # Steps run in priority order and the script keeps going after a failure; it
 # exits non-zero if any step failed. The whole run stays within

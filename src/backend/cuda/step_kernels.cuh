@@ -88,11 +88,10 @@ constexpr int64_t kWarpTeamBelow = 4096;
 constexpr int kWarpBlocksPerSm = 4;
 /* Chunks a warp claims per atomic on the shared counter: the all-F32
  * statistics pass reads 4 bytes per element, so its short chunks queue on
- * that one counter (claiming 8 took the many-mixed step from 0.95 to 0.82 ms,
- * tiny-50k from 0.82 to 0.76); the update pass keeps 1, where the tail
- * imbalance of longer claims costs more than the atomics, and so does the
- * mixed-precision statistics pass, which claiming 4 made slower
- * (perf_notes_small.md v20). */
+ * that one counter and claiming 8 wins; the update pass keeps 1, where the
+ * tail imbalance of longer claims costs more than the atomics, and so does
+ * the mixed-precision statistics pass, which claiming more made slower
+ * (the figures: perf_notes_small.md v20). */
 template <int PASS, bool MIXED>
 __host__ __device__ constexpr int warp_claim() {
   return PASS == MTOPT__PASS_STATS && !MIXED ? 8 : 1;
