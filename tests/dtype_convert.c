@@ -237,6 +237,14 @@ START_TEST(test_generator_bits) {
   }
   const int64_t edge = (INT64_C(3) << 32) - 2;
   ck_assert_uint_ne(mtopt__sr_weyl(edge + 4), mtopt__sr_weyl(edge) + 4u * MTOPT__SR_WEYL);
+  /* mtopt__sr_weyl_at steps across a block too (the CPU's tiles): starts
+   * just below a 2^32 boundary, and anywhere. */
+  for (int i = 0; i < 2000; i++) {
+    const int64_t e = i < 1000 ? (((int64_t)tu_int(&rng, 0, 1 << 20)) << 32) - tu_int(&rng, 1, 600)
+                               : (int64_t)(tu_next(&rng) >> 2);
+    const uint32_t k2 = (uint32_t)tu_int(&rng, 0, 1024);
+    ck_assert_uint_eq(mtopt__sr_weyl_at(mtopt__sr_weyl(e), (uint32_t)e, k2), mtopt__sr_weyl(e + k2));
+  }
 }
 END_TEST
 

@@ -41,21 +41,35 @@ MTOPT_HD float mtopt__bits_f32(uint32_t b) {
 
 MTOPT_HD float mtopt__bf16_to_f32(uint16_t h) { return mtopt__bits_f32((uint32_t)h << 16); }
 
-/* Round to nearest, ties to even; NaN stays a (quiet) NaN, overflow gives inf. */
-MTOPT_HD uint16_t mtopt__f32_to_bf16(float x) {
-  const uint32_t b = mtopt__f32_bits(x);
-  if ((b & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((b >> 16) | 0x0040u);
+/* The two roundings of an fp32 that is not NaN, on its bits: to nearest,
+ * ties to even (a carry into the exponent is the right result, up to inf),
+ * and stochastic, up (in magnitude) with probability equal to the fraction of
+ * the way to the next bf16, from 16 random bits, so that the expected result
+ * is x (inf, whose low half is zero, stays inf). The vector loops run them
+ * over a whole tile or group and take the NaN path only where one appears. */
+MTOPT_HD int mtopt__f32_bits_nan(uint32_t b) { return (b & 0x7fffffffu) > 0x7f800000u; }
+
+MTOPT_HD uint16_t mtopt__bf16_rne_bits(uint32_t b) {
   return (uint16_t)((b + 0x7fffu + ((b >> 16) & 1u)) >> 16);
 }
 
-/* Stochastic rounding: up (in magnitude) with probability equal to the
- * fraction of the way to the next bf16, from 16 random bits, so that the
- * expected result is x. NaN stays NaN; inf stays inf. */
+MTOPT_HD uint16_t mtopt__bf16_sr_bits(uint32_t b, uint32_t rand16) {
+  return (uint16_t)((b + (rand16 & 0xffffu)) >> 16);
+}
+
+/* A NaN keeps its top bits, quieted: it must not round into inf. */
+MTOPT_HD uint16_t mtopt__bf16_nan_bits(uint32_t b) { return (uint16_t)((b >> 16) | 0x0040u); }
+
+/* Round to nearest, ties to even; NaN stays a (quiet) NaN, overflow gives inf. */
+MTOPT_HD uint16_t mtopt__f32_to_bf16(float x) {
+  const uint32_t b = mtopt__f32_bits(x);
+  return mtopt__f32_bits_nan(b) ? mtopt__bf16_nan_bits(b) : mtopt__bf16_rne_bits(b);
+}
+
+/* Stochastic rounding from rand16's low 16 bits; NaN stays NaN, inf inf. */
 MTOPT_HD uint16_t mtopt__f32_to_bf16_sr(float x, uint32_t rand16) {
   const uint32_t b = mtopt__f32_bits(x);
-  if ((b & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((b >> 16) | 0x0040u);
-  if ((b & 0x7fffffffu) == 0x7f800000u) return (uint16_t)(b >> 16);
-  return (uint16_t)((b + (rand16 & 0xffffu)) >> 16);
+  return mtopt__f32_bits_nan(b) ? mtopt__bf16_nan_bits(b) : mtopt__bf16_sr_bits(b, rand16);
 }
 
 /* ---- fp16 (IEEE binary16) ---- */
@@ -163,10 +177,18 @@ MTOPT_HD uint32_t mtopt__sr_key(uint64_t seed, int64_t step, int64_t tensor, int
  * element, so that elements e .. e + n - 1 of one 2^32 block are weyl(e) +
  * k * MTOPT__SR_WEYL (the vector paths step it so). */
 #define MTOPT__SR_WEYL 0x9e3779b9u
+#define MTOPT__SR_WEYL_HI 0x85ebca6bu /* per 2^32 elements */
 
 MTOPT_HD uint32_t mtopt__sr_weyl(int64_t elem) {
   const uint32_t lo = (uint32_t)elem, hi = (uint32_t)((uint64_t)elem >> 32);
-  return lo * MTOPT__SR_WEYL + hi * 0x85ebca6bu;
+  return lo * MTOPT__SR_WEYL + hi * MTOPT__SR_WEYL_HI;
+}
+
+/* mtopt__sr_weyl(e + k) from w0 = mtopt__sr_weyl(e) and lo0, e's low 32
+ * bits: one add, and the high word's step where e + k carries into it (the
+ * CPU's tiles; the CUDA vector path keeps a chunk in one 2^32 block). */
+MTOPT_HD uint32_t mtopt__sr_weyl_at(uint32_t w0, uint32_t lo0, uint32_t k) {
+  return w0 + k * MTOPT__SR_WEYL + (lo0 + k < lo0 ? MTOPT__SR_WEYL_HI : 0u);
 }
 
 /* The draw at Weyl value w under `key`. */

@@ -102,32 +102,44 @@ static mtopt_status_t cpu_init(mtopt_context_t *ctx) {
 
 /* ---- passes over one chunk ---- */
 
-/* The chunk's sum of squares in MTOPT__CPU_LANES partial sums (cpu_kernels.h),
- * so that the mixed path (cpu_mixed.c) and every ISA give the same bits. */
-static void stats_chunk(const mtopt__plan_t *p, int64_t c, float inv) {
-  const mtopt__chunk_rec_t ch = p->chunks[c];
-  if (!p->all_f32) {
-    mtopt__cpu_stats_mixed(p, c, inv);
-    return;
-  }
-  const float *restrict g = p->tensors[ch.tensor].g + ch.start;
-  mtopt__sum_t lanes[MTOPT__CPU_LANES] = {0.0};
-  uint32_t bad = 0;
+MTOPT__CPU_CLONES
+void mtopt__cpu_sumsq(const float *restrict x, int32_t n, float inv,
+                      mtopt__cpu_stats_t *restrict st) {
+  mtopt__sum_t sq[MTOPT__CPU_LANES]; /* in registers across the loop */
+  uint32_t bad[MTOPT__CPU_LANES];
+  memcpy(sq, st->sq, sizeof sq);
+  memcpy(bad, st->bad, sizeof bad);
   int32_t i = 0;
-  for (; i + MTOPT__CPU_LANES <= ch.len; i += MTOPT__CPU_LANES) {
-#pragma omp simd reduction(+ : bad)
+  for (; i + MTOPT__CPU_LANES <= n; i += MTOPT__CPU_LANES) {
+#pragma omp simd
     for (int32_t j = 0; j < MTOPT__CPU_LANES; j++) {
-      const float x = g[i + j] * inv;
-      lanes[j] += (mtopt__sum_t)x * x;
-      bad += !isfinite(x);
+      const float y = x[i + j] * inv;
+      sq[j] += (mtopt__sum_t)y * y;
+      bad[j] += !isfinite(y);
     }
   }
-  for (int32_t j = 0; i < ch.len; i++, j++) {
-    const float x = g[i] * inv;
-    lanes[j] += (mtopt__sum_t)x * x;
-    bad += !isfinite(x);
+  for (int32_t j = 0; i < n; i++, j++) {
+    const float y = x[i] * inv;
+    sq[j] += (mtopt__sum_t)y * y;
+    bad[j] += !isfinite(y);
   }
-  p->slot_gsq[c] = mtopt__cpu_fold(lanes);
+  memcpy(st->sq, sq, sizeof sq);
+  memcpy(st->bad, bad, sizeof bad);
+}
+
+/* The chunk's statistics slots: fp32 gradients summed in place, others
+ * widened in tiles (cpu_tiles.c), so that every dtype sums alike. */
+static void stats_chunk(const mtopt__plan_t *p, int64_t c, float inv) {
+  const mtopt__chunk_rec_t ch = p->chunks[c];
+  mtopt__cpu_stats_t st;
+  memset(&st, 0, sizeof st);
+  if (p->all_f32)
+    mtopt__cpu_sumsq(p->tensors[ch.tensor].g + ch.start, ch.len, inv, &st);
+  else
+    mtopt__cpu_stats_tiles(p, c, inv, &st);
+  uint32_t bad = 0;
+  for (int j = 0; j < MTOPT__CPU_LANES; j++) bad += st.bad[j];
+  p->slot_gsq[c] = mtopt__cpu_fold(st.sq);
   p->slot_nonfinite[c] = bad;
 }
 

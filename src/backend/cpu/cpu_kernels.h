@@ -5,6 +5,7 @@
 
 #include <stdint.h>
 
+#include "../../common/error.h"
 #include "../../common/plan.h"
 
 /* ---- run-time ISA dispatch ----
@@ -42,5 +43,18 @@ static inline mtopt__sum_t mtopt__cpu_fold(const mtopt__sum_t lanes[MTOPT__CPU_L
   for (int j = 0; j < MTOPT__CPU_LANES; j++) s += lanes[j];
   return s;
 }
+
+/* The statistics of a chunk's gradient, unscaled: the squares in the lanes
+ * above, and the non-finite values counted per lane (one count folded at
+ * the end, not one across the vector every MTOPT__CPU_LANES elements). */
+typedef struct {
+  mtopt__sum_t sq[MTOPT__CPU_LANES];
+  uint32_t bad[MTOPT__CPU_LANES];
+} mtopt__cpu_stats_t;
+
+/* Adds x[k] * inv for k < n, element k to lane k % MTOPT__CPU_LANES: a chunk
+ * goes in pieces that start at multiples of MTOPT__CPU_LANES from its first
+ * element, so that every element keeps its lane (backend_cpu.c). */
+MTOPT__HIDDEN void mtopt__cpu_sumsq(const float *x, int32_t n, float inv, mtopt__cpu_stats_t *st);
 
 #endif /* MTOPT_BACKEND_CPU_KERNELS_H */

@@ -1,26 +1,11 @@
 /* The CPU backend's passes over a chunk of any dtype combination (plan.h:
  * !all_f32): one element at a time through common/step_elem.h, which the CUDA
- * kernels' mixed path calls too (AdamW, Adam and SGD updates go in tiles:
- * cpu_tiles.c). The dtypes are uniform over a chunk, so the
+ * kernels' mixed path calls too (AdamW, Adam and SGD updates and the
+ * statistics pass go in tiles: cpu_tiles.c). The dtypes are uniform over a chunk, so the
  * branches inside the element functions always go the same way. */
 #include "../../common/step_elem.h"
 #include "cpu_kernels.h"
 #include "cpu_mixed.h"
-
-/* Sums in the lanes of cpu_kernels.h, as the fp32 loops keep them. */
-void mtopt__cpu_stats_mixed(const mtopt__plan_t *p, int64_t c, float inv) {
-  const mtopt__chunk_rec_t ch = p->chunks[c];
-  const mtopt__tensor_rec_t *t = &p->tensors[ch.tensor];
-  mtopt__sum_t lanes[MTOPT__CPU_LANES] = {0.0};
-  uint32_t bad = 0;
-  for (int32_t i = 0; i < ch.len; i++) {
-    const float x = mtopt__grad_elem(t, ch.start + i) * inv;
-    lanes[i % MTOPT__CPU_LANES] += (mtopt__sum_t)x * x;
-    bad += !isfinite(x);
-  }
-  p->slot_gsq[c] = mtopt__cpu_fold(lanes);
-  p->slot_nonfinite[c] = bad;
-}
 
 MTOPT__CPU_CLONES
 void mtopt__cpu_update_mixed(const mtopt__plan_t *p, const mtopt__hyper_t *h,

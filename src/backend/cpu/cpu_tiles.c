@@ -12,7 +12,7 @@
 #include "cpu_kernels.h"
 #include "cpu_mixed.h"
 
-enum { TILE = 512 };
+enum { TILE = 512 }; /* a multiple of MTOPT__CPU_LANES */
 
 /* x[k] = element e0 + k of an array of dtype dt. */
 MTOPT__CPU_CLONES
@@ -36,14 +36,28 @@ static void narrow(void *p, int dt, int64_t e0, int32_t n, const float *restrict
                    const uint32_t *restrict r, int shift) {
   if (dt == MTOPT__DT_F32) {
     memcpy((float *)p + e0, x, (size_t)n * sizeof(float));
-  } else if (dt == MTOPT__DT_BF16 && sr) {
-    uint16_t *restrict h = (uint16_t *)p + e0;
-#pragma omp simd
-    for (int32_t k = 0; k < n; k++) h[k] = mtopt__f32_to_bf16_sr(x[k], MTOPT__SR_BITS(r[k], shift));
   } else if (dt == MTOPT__DT_BF16) {
+    /* The roundings of non-NaN values over the whole tile, and the tile
+     * again through the NaN-aware functions where it holds a NaN. */
     uint16_t *restrict h = (uint16_t *)p + e0;
-#pragma omp simd
-    for (int32_t k = 0; k < n; k++) h[k] = mtopt__f32_to_bf16(x[k]);
+    int nan = 0;
+    if (sr) {
+#pragma omp simd reduction(| : nan)
+      for (int32_t k = 0; k < n; k++) {
+        const uint32_t b = mtopt__f32_bits(x[k]);
+        nan |= mtopt__f32_bits_nan(b);
+        h[k] = mtopt__bf16_sr_bits(b, MTOPT__SR_BITS(r[k], shift));
+      }
+    } else {
+#pragma omp simd reduction(| : nan)
+      for (int32_t k = 0; k < n; k++) {
+        const uint32_t b = mtopt__f32_bits(x[k]);
+        nan |= mtopt__f32_bits_nan(b);
+        h[k] = mtopt__bf16_rne_bits(b);
+      }
+    }
+    for (int32_t k = 0; nan && k < n; k++)
+      h[k] = sr ? mtopt__f32_to_bf16_sr(x[k], MTOPT__SR_BITS(r[k], shift)) : mtopt__f32_to_bf16(x[k]);
   } else {
     uint16_t *restrict h = (uint16_t *)p + e0;
     for (int32_t k = 0; k < n; k++) h[k] = mtopt__f32_to_f16(x[k]);
@@ -78,16 +92,33 @@ static void narrow_weight(const mtopt__tensor_rec_t *t, int64_t e0, int32_t n,
   }
 }
 
-/* The tile's two stochastic-rounding draws per element (mtopt__draws). */
+/* The tile's stochastic-rounding draws (mtopt__draws): pm one hash per
+ * element, vv the half of a pair's hash (dtype.h: mtopt__sr_bits_v), each
+ * pair hashed once. */
 MTOPT__CPU_CLONES
 static void draws(const mtopt__sr_t *sr, int64_t e, int32_t n, uint32_t *restrict pm,
                   uint32_t *restrict vv) {
   const uint32_t kp = sr->pm, kv = sr->v;
+  const uint32_t w0 = mtopt__sr_weyl(e), e0 = (uint32_t)e;
+  const uint32_t q0 = mtopt__sr_weyl(e >> 1), p0 = (uint32_t)(e >> 1);
 #pragma omp simd
-  for (int32_t k = 0; k < n; k++) {
-    pm[k] = mtopt__sr_bits(kp, e + k);
-    vv[k] = mtopt__sr_bits_v(kv, e + k);
+  for (int32_t k = 0; k < n; k++) pm[k] = mtopt__sr_mix(kp, mtopt__sr_weyl_at(w0, e0, (uint32_t)k));
+  /* Pair j of the tile is pair (e >> 1) + j of the tensor; element k of the
+   * tile takes half (e + k) & 1 of pair (e + k) >> 1 (whole: SR_BITS masks). */
+  const int32_t odd = (int32_t)(e & 1), pairs = (odd + n + 1) / 2;
+  uint32_t d[TILE / 2 + 1];
+#pragma omp simd
+  for (int32_t j = 0; j < pairs; j++) d[j] = mtopt__sr_mix(kv, mtopt__sr_weyl_at(q0, p0, (uint32_t)j));
+  if (odd) vv[0] = d[0] >> 16;
+  const uint32_t *restrict dd = d + odd;
+  uint32_t *restrict v = vv + odd;
+  const int32_t m = n - odd;
+#pragma omp simd
+  for (int32_t j = 0; j < m / 2; j++) {
+    v[2 * j] = dd[j];
+    v[2 * j + 1] = dd[j] >> 16;
   }
+  if (m & 1) v[m - 1] = dd[m / 2];
 }
 
 /* The formulas over a tile, as the all-F32 loops run them. */
@@ -103,6 +134,20 @@ static void sgd_tile(const mtopt__scalars_t s, float *restrict w, const float *r
                      float *restrict b, int32_t n) {
 #pragma omp simd
   for (int32_t k = 0; k < n; k++) mtopt__sgd_elem(&s, g[k], &w[k], &b[k]);
+}
+
+/* The statistics of a chunk of 16-bit gradients: tiles widened, then summed
+ * as fp32 gradients are (TILE is a multiple of the lanes). */
+void mtopt__cpu_stats_tiles(const mtopt__plan_t *p, int64_t c, float inv,
+                            mtopt__cpu_stats_t *st) {
+  const mtopt__chunk_rec_t ch = p->chunks[c];
+  const mtopt__tensor_rec_t *t = &p->tensors[ch.tensor];
+  float g[TILE];
+  for (int32_t i = 0; i < ch.len; i += TILE) {
+    const int32_t n = ch.len - i < TILE ? ch.len - i : TILE;
+    widen(t->g, t->gdt, ch.start + i, n, g);
+    mtopt__cpu_sumsq(g, n, inv, st);
+  }
 }
 
 void mtopt__cpu_update_tiles(const mtopt__plan_t *p, const mtopt__hyper_t *h,
