@@ -48,6 +48,7 @@ enum {
   M_GRAPH,
   M_GRAPH_MIXED,
   M_REF_ADAMW,
+  M_REF_ADAMW_POOLED,
   M_COPY,
   M_COUNT
 };
@@ -136,9 +137,10 @@ typedef struct {
   uint16_t *pat16[2]; /* the same, rounded to bf16 */
   int nthreads;  /* effective CPU threads */
   void *dev;     /* the backend's own state (CUDA: stream, patterns, staging) */
-  int ref_valid; /* ref-adamw checked against the double reference: 0 not yet,
-                  * 1 passed, -1 failed (ref_note says how) */
-  char ref_note[256];
+  /* ref-adamw [0] and ref-adamw-pooled [1] checked against the double
+   * reference: 0 not yet, 1 passed, -1 failed (ref_note says how) */
+  int ref_valid[2];
+  char ref_note[2][256];
 } bench_t;
 
 /* What one timed step does: a mode's step function and what it works on. */
@@ -179,6 +181,8 @@ struct bench_backend {
   /* Copies bytes from the backend's memory to the host, waiting for it;
    * zero clears bytes of the backend's memory, maybe queued. */
   int (*get)(bench_t *b, void *host, const void *src, size_t bytes, row_t *row);
+  /* Copies bytes from the host to the backend's memory, waiting for it. */
+  int (*set)(bench_t *b, void *dst, const void *host, size_t bytes, row_t *row);
   int (*zero)(bench_t *b, void *p, size_t bytes, row_t *row);
   int (*sync)(bench_t *b, row_t *row);
   /* copy mode: ways to move sp->bytes (ncopy <= MAX_COPY_VARIANTS of them,
@@ -220,12 +224,12 @@ typedef struct {
 void bench_run_mode(bench_t *b, const bench_shape_t *s, int mode, shape_state_t *ss,
                     row_t *row, int round);
 
-/* bench_ref.c: the ref-adamw and copy modes (bench_run_mode calls them). */
+/* bench_ref.c: the ref-adamw, ref-adamw-pooled and copy modes (bench_run_mode calls them). */
 /* The reference's layout for a dtype configuration (REF_ADAMW_*), or -1
  * where it has none. */
 int bench_ref_layout(const precision_t *p);
-void bench_run_ref_adamw(bench_t *b, const bench_shape_t *s, shape_state_t *ss, row_t *row,
-                         int round);
+/* pooled: ref-adamw-pooled, the tensors at their pool offsets in every array. */
+void bench_run_ref_adamw(bench_t *b, const bench_shape_t *s, int pooled, row_t *row);
 void bench_run_copy(bench_t *b, const bench_shape_t *s, shape_state_t *ss, row_t *row,
                     int round);
 

@@ -77,6 +77,11 @@ static int cpu_get(bench_t *b, void *host, const void *src, size_t bytes, row_t 
   return 0;
 }
 
+static int cpu_set(bench_t *b, void *dst, const void *host, size_t bytes, row_t *row) {
+  memcpy(dst, host, bytes);
+  return 0;
+}
+
 static int cpu_zero(bench_t *b, void *p, size_t bytes, row_t *row) {
   memset(p, 0, bytes);
   return 0;
@@ -180,24 +185,28 @@ static int cpu_copy_step(bench_t *b, stepper_t *sp, row_t *row) {
 /* ------------------------------------------------------------- ref-adamw -- */
 
 /* The reference AdamW on the CPU: one static OpenMP loop over the elements,
- * vectorised by the compiler (the buffers do not overlap). */
+ * vectorised by the compiler (the buffers do not overlap); pooled, element i
+ * only where its group's count (ref_adamw.h) covers it. */
 static int cpu_ref_step(bench_t *b, ref_adamw_t *r, row_t *row) {
   float *restrict w = r->w, *restrict m = r->m, *restrict v = r->v;
   const ref_adamw_hp_t hp = r->hp;
   const int64_t n = r->n;
-  if (r->layout == REF_ADAMW_BF16_MASTER) {
-    const uint16_t *restrict g = r->g;
-    uint16_t *restrict p = r->p;
+  const uint8_t *valid = r->valid;
+  const int bf16 = r->layout == REF_ADAMW_BF16_MASTER;
+  const float *restrict g = r->g;
+  const uint16_t *restrict g16 = r->g;
+  uint16_t *restrict p = r->p;
+  if (!valid && !bf16) {
 #pragma omp parallel for simd schedule(static) num_threads(b->nthreads)
-    for (int64_t i = 0; i < n; i++) {
-      ref_adamw_elem(&w[i], ref_bf16_to_f32(g[i]), &m[i], &v[i], &hp);
-      p[i] = ref_f32_to_bf16(w[i]);
-    }
+    for (int64_t i = 0; i < n; i++) ref_adamw_elem(&w[i], g[i], &m[i], &v[i], &hp);
     return 0;
   }
-  const float *restrict g = r->g;
-#pragma omp parallel for simd schedule(static) num_threads(b->nthreads)
-  for (int64_t i = 0; i < n; i++) ref_adamw_elem(&w[i], g[i], &m[i], &v[i], &hp);
+#pragma omp parallel for schedule(static) num_threads(b->nthreads)
+  for (int64_t i = 0; i < n; i++) {
+    if (valid && valid[i / 4] <= i % 4) continue;
+    ref_adamw_elem(&w[i], bf16 ? ref_bf16_to_f32(g16[i]) : g[i], &m[i], &v[i], &hp);
+    if (bf16) p[i] = ref_f32_to_bf16(w[i]);
+  }
   return 0;
 }
 
@@ -225,6 +234,7 @@ const bench_backend_t bench_backend_cpu = {
     .fill_wait = cpu_sync,
     .hash = cpu_hash,
     .get = cpu_get,
+    .set = cpu_set,
     .zero = cpu_zero,
     .sync = cpu_sync,
     .ncopy = sizeof cpu_copy_names / sizeof cpu_copy_names[0],

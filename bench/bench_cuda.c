@@ -176,6 +176,17 @@ static int cuda_get(bench_t *b, void *host, const void *src, size_t bytes, row_t
   return 0;
 }
 
+static int cuda_set(bench_t *b, void *dst, const void *host, size_t bytes, row_t *row) {
+  const cuda_state_t *c = b->dev;
+  cudaError_t e = cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, c->stream);
+  if (e == cudaSuccess) e = cudaStreamSynchronize(c->stream);
+  if (e != cudaSuccess) {
+    NOTE(row, "copying to the device: %s", cudaGetErrorString(e));
+    return -1;
+  }
+  return 0;
+}
+
 static int cuda_zero(bench_t *b, void *p, size_t bytes, row_t *row) {
   const cuda_state_t *c = b->dev;
   const cudaError_t e = cudaMemsetAsync(p, 0, bytes, c->stream);
@@ -385,6 +396,7 @@ const bench_backend_t bench_backend_cuda = {
     .fill_wait = cuda_fill_wait,
     .hash = cuda_hash,
     .get = cuda_get,
+    .set = cuda_set,
     .zero = cuda_zero,
     .sync = cuda_sync,
     .ncopy = 1,

@@ -1,6 +1,7 @@
 /* mtopt_bench's modes, one function each (step_bench.c's header comment says
  * what each measures), and the bit-for-bit check between them; the two that
- * do not run the library (ref-adamw, copy) are in bench_ref.c. */
+ * do not run the library (ref-adamw, ref-adamw-pooled, copy) are in
+ * bench_ref.c. */
 #define _GNU_SOURCE
 #include <math.h>
 #include <stdlib.h>
@@ -362,7 +363,12 @@ done:
 
 static void run_ref(bench_t *b, const bench_mode_t *m, const bench_shape_t *s,
                     shape_state_t *ss, row_t *row, int round) {
-  bench_run_ref_adamw(b, s, ss, row, round);
+  bench_run_ref_adamw(b, s, 0, row);
+}
+
+static void run_ref_pooled(bench_t *b, const bench_mode_t *m, const bench_shape_t *s,
+                           shape_state_t *ss, row_t *row, int round) {
+  bench_run_ref_adamw(b, s, 1, row);
 }
 
 static void run_copy(bench_t *b, const bench_mode_t *m, const bench_shape_t *s,
@@ -380,6 +386,7 @@ static const bench_mode_t modes[M_COUNT] = {
     [M_GRAPH] = {"graph", run_pooled, .graph = 1},
     [M_GRAPH_MIXED] = {"graph-mixed", run_pooled, .mixed = 1, .graph = 1},
     [M_REF_ADAMW] = {"ref-adamw", run_ref},
+    [M_REF_ADAMW_POOLED] = {"ref-adamw-pooled", run_ref_pooled},
     [M_COPY] = {"copy", run_copy},
 };
 

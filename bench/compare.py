@@ -41,6 +41,7 @@ VARIANTS = [
     (("mtopt", "graph-mixed"), "mtopt mixed+graph"),
     (("mtopt", "loop"), "mtopt per-tensor loop"),
     (("mtopt", "ref-adamw"), "reference AdamW kernel"),
+    (("mtopt", "ref-adamw-pooled"), "reference AdamW kernel, pooled"),
     (("torch", "forloop"), "torch for-loop"),
     (("torch", "foreach"), "torch foreach"),
     (("torch", "fused"), "torch fused"),
@@ -56,7 +57,7 @@ COLORS = {
     "mtopt fused+graph": "#66bb6a",
     "mtopt mixed": "#00838f", "mtopt mixed, packed": "#006064", "mtopt mixed+graph": "#4dd0e1",
     "mtopt per-tensor loop": "#9e9d24",
-    "reference AdamW kernel": "#283593", "torch for-loop": "#b71c1c",
+    "reference AdamW kernel": "#283593", "reference AdamW kernel, pooled": "#5c6bc0", "torch for-loop": "#b71c1c",
     "torch foreach": "#e53935", "torch fused": "#ef6c00", "torch fused+graph": "#ffa726",
     "torch GradScaler step": "#6a1b9a", "torch one-tensor": "#8d6e63",
 }

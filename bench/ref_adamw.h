@@ -11,6 +11,13 @@
  * fp32 m and v; the step updates the master and writes p, the master
  * rounded to nearest even. Both move 28 bytes per parameter.
  *
+ * Pooled (`valid` set: the mode ref-adamw-pooled): every array holds the
+ * shape's tensors as the benchmark's pool does, each at its own 256-byte
+ * start, the same offsets in every array, and the step walks the whole span
+ * in address order, skipping the gaps: what a step over a caller's pooled
+ * tensors could reach if the state mirrored the pool (one more byte read
+ * per 4 elements, the group's count).
+ *
  * The element formula below is read by both compilers (C and nvcc), so the
  * CPU loop and the CUDA kernel compute the same thing. */
 #ifndef MTOPT_BENCH_REF_ADAMW_H
@@ -46,7 +53,10 @@ typedef struct {
   float *w, *m, *v; /* w: the weights, or (BF16_MASTER) the fp32 masters */
   void *g;          /* float, or (BF16_MASTER) uint16_t bf16 */
   uint16_t *p;      /* BF16_MASTER: the bf16 parameters */
-  int64_t n;
+  int64_t n;        /* elements of each array (pooled: the span, a multiple of 4) */
+  /* Pooled: per group of 4 elements, how many from its start are a
+   * tensor's (0: a gap); tensors start on group boundaries. NULL: all n. */
+  const uint8_t *valid;
   double lr, beta1, beta2, eps, weight_decay;
   int64_t t;         /* steps taken */
   ref_adamw_hp_t hp; /* of step t, set by ref_adamw_next */

@@ -27,6 +27,9 @@
  *                library's code) over one buffer of the total size, fp32 or
  *                (--dtype bf16-master) bf16 with fp32 masters, checked
  *                against a double step first: the floor is reachable
+ *   ref-adamw-pooled  the same over the tensors as the pool holds them, each
+ *                at its own 256-byte start, in every array: whether the floor
+ *                is reachable where they do not lie back to back
  *   copy         the floor: a copy of params x B/param / 2 bytes (it reads and
  *                writes as much as a step), one row for each B/param of the
  *                rows before it; cudaMemcpyAsync device to device on CUDA, the
@@ -99,10 +102,11 @@ static void usage(FILE *f) {
           "\n"
           "  --list-dtypes           print those names, one a line; then exit\n"
           "  --modes LIST            one-tensor,fused,packed,loop,mixed,packed-mixed,graph,\n"
-          "                          ref-adamw,copy\n"
+          "                          ref-adamw,ref-adamw-pooled,copy\n"
           "                          (default all; graph = graph and graph-mixed, CUDA\n"
-          "                          only; ref-adamw by default only for AdamW in f32\n"
-          "                          and bf16-master, one-tensor not for mixed-table)\n"
+          "                          only; the ref-adamw modes by default only for AdamW\n"
+          "                          in f32 and bf16-master, one-tensor not for\n"
+          "                          mixed-table)\n"
           "  --iters N               timed steps (default 20)\n"
           "  --warmup N              untimed steps first (default 5 cuda, 3 cpu)\n"
           "  --loop-iters N          cap for the loop mode (default: 3 above 10000 tensors)\n"
@@ -261,7 +265,7 @@ static int parse_args(int argc, char **argv, opts_t *o) {
      * beside another optimizer or dtype it would add rows (and a copy row of
      * its own bytes) that compare nothing. */
     if (o->kind != MTOPT_OPTIMIZER_ADAMW || bench_ref_layout(o->prec) < 0)
-      o->modes[M_REF_ADAMW] = 0;
+      o->modes[M_REF_ADAMW] = o->modes[M_REF_ADAMW_POOLED] = 0;
     /* one tensor has one dtype: a mixed table has no such row to compare */
     if (o->prec->f32_below > 0) o->modes[M_ONE_TENSOR] = 0;
   }
