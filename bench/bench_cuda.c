@@ -165,26 +165,26 @@ static int cuda_hash(bench_t *b, const void *buf, const bench_shape_t *s, const 
   return 0;
 }
 
-static int cuda_get(bench_t *b, void *host, const void *src, size_t bytes, row_t *row) {
+/* A copy between the host and the device, waited for. */
+static int copy_sync(bench_t *b, void *dst, const void *src, size_t bytes, enum cudaMemcpyKind k,
+                     row_t *row) {
   const cuda_state_t *c = b->dev;
-  cudaError_t e = cudaMemcpyAsync(host, src, bytes, cudaMemcpyDeviceToHost, c->stream);
+  cudaError_t e = cudaMemcpyAsync(dst, src, bytes, k, c->stream);
   if (e == cudaSuccess) e = cudaStreamSynchronize(c->stream);
   if (e != cudaSuccess) {
-    NOTE(row, "copying to the host: %s", cudaGetErrorString(e));
+    NOTE(row, "copying to the %s: %s", k == cudaMemcpyDeviceToHost ? "host" : "device",
+         cudaGetErrorString(e));
     return -1;
   }
   return 0;
 }
 
+static int cuda_get(bench_t *b, void *host, const void *src, size_t bytes, row_t *row) {
+  return copy_sync(b, host, src, bytes, cudaMemcpyDeviceToHost, row);
+}
+
 static int cuda_set(bench_t *b, void *dst, const void *host, size_t bytes, row_t *row) {
-  const cuda_state_t *c = b->dev;
-  cudaError_t e = cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, c->stream);
-  if (e == cudaSuccess) e = cudaStreamSynchronize(c->stream);
-  if (e != cudaSuccess) {
-    NOTE(row, "copying to the device: %s", cudaGetErrorString(e));
-    return -1;
-  }
-  return 0;
+  return copy_sync(b, dst, host, bytes, cudaMemcpyHostToDevice, row);
 }
 
 static int cuda_zero(bench_t *b, void *p, size_t bytes, row_t *row) {
