@@ -1,7 +1,8 @@
-/* Segments (core/segments.c): the rule of which tensors merge, on records
- * alone; then optimizers over tensors that lie back to back in one buffer
- * (which merge) against the same tensors each in its own allocation at the
- * same 16-byte residue (which do not): weights and state bit for bit after
+/* Segments (core/segments.c; the rule on records alone is segment_rule.c):
+ * optimizers over tensors that lie back to back in one buffer, or pooled,
+ * each at its own 256-byte start of one buffer (which merge, the second with
+ * gaps), against the same tensors each in its own allocation at the same
+ * 16-byte residue (which do not): weights and state bit for bit after
  * every step, the gradient norm to a float ulp (summed over the segments'
  * chunks: on the CPU, their slots are checked), for AdamW, Adam and SGD with
  * groups, no-decay tensors, empty tensors, a large tensor amid small ones, clipping and a
@@ -19,91 +20,6 @@
 #include "mtopt/mtopt_cuda.h"
 #endif
 
-/* ------------------------------------------------------------- the rule -- */
-
-static float arena[4 << 17]; /* four arrays of 2^17 elements */
-
-static mtopt__tensor_rec_t rec(int64_t at, int64_t numel) {
-  mtopt__tensor_rec_t r;
-  memset(&r, 0, sizeof r);
-  r.w = arena + at;
-  r.g = arena + (1 << 17) + at;
-  r.s0 = arena + (2 << 17) + at;
-  r.s1 = arena + (3 << 17) + at;
-  r.numel = numel;
-  return r;
-}
-
-/* Segment counts of recs, and each segment's first pointer and length. */
-static void expect(const mtopt__tensor_rec_t *r, int64_t n, int64_t nseg, const int64_t *first,
-                   const int64_t *numel, const char *what) {
-  mtopt__tensor_rec_t segs[16];
-  ck_assert_msg(mtopt__segments(r, n, NULL) == nseg, "%s: %lld segments, expected %lld", what,
-                (long long)mtopt__segments(r, n, NULL), (long long)nseg);
-  ck_assert_int_eq(mtopt__segments(r, n, segs), nseg);
-  for (int64_t k = 0; k < nseg; k++) {
-    ck_assert_msg(segs[k].w == r[first[k]].w && segs[k].s1 == r[first[k]].s1,
-                  "%s: segment %lld does not start at tensor %lld", what, (long long)k,
-                  (long long)first[k]);
-    ck_assert_msg(segs[k].numel == numel[k], "%s: segment %lld has %lld elements, not %lld",
-                  what, (long long)k, (long long)segs[k].numel, (long long)numel[k]);
-  }
-}
-
-START_TEST(test_rule) {
-  mtopt__tensor_rec_t r[6];
-  /* three back to back, an empty one between them */
-  r[0] = rec(0, 5);
-  r[1] = rec(5, 0);
-  r[2] = rec(5, 7);
-  r[3] = rec(12, 3);
-  expect(r, 4, 1, (int64_t[]){0}, (int64_t[]){15}, "back to back");
-  /* a gap in any one array breaks the run */
-  for (int a = 0; a < 4; a++) {
-    r[2] = rec(5, 7);
-    float **arr[4] = {&r[2].w, &r[2].g, &r[2].s0, &r[2].s1};
-    *arr[a] += 1;
-    expect(r, 4, 3, (int64_t[]){0, 2, 3}, (int64_t[]){5, 7, 3}, "a gap");
-  }
-  r[2] = rec(5, 7);
-  r[2].group = 1; /* another group; tensor 3 is group 0 again */
-  expect(r, 4, 3, (int64_t[]){0, 2, 3}, (int64_t[]){5, 7, 3}, "groups");
-  r[2].group = 0;
-  r[3].flags = MTOPT__FLAG_NO_WEIGHT_DECAY;
-  expect(r, 4, 2, (int64_t[]){0, 3}, (int64_t[]){12, 3}, "flags");
-  r[3].flags = 0;
-  /* no state arrays (SGD without momentum): w and g decide */
-  for (int i = 0; i < 4; i++) r[i].s0 = r[i].s1 = NULL;
-  expect(r, 4, 1, (int64_t[]){0}, (int64_t[]){15}, "no state");
-  /* a tensor of MTOPT__SEGMENT_TENSOR_MAX elements stays alone, even back to
-   * back; one element fewer joins */
-  const int64_t big = MTOPT__SEGMENT_TENSOR_MAX;
-  r[0] = rec(0, 9);
-  r[1] = rec(9, big);
-  r[2] = rec(9 + big, 4);
-  r[3] = rec(13 + big, 2);
-  expect(r, 4, 3, (int64_t[]){0, 1, 2}, (int64_t[]){9, big, 6}, "a large tensor");
-  r[1] = rec(9, big - 1);
-  r[2] = rec(8 + big, 4);
-  r[3] = rec(12 + big, 2);
-  expect(r, 4, 1, (int64_t[]){0}, (int64_t[]){big + 14}, "the largest small tensor");
-  /* F16/BF16 arrays, BF16 state or master weights: alone */
-  for (int which = 0; which < 4; which++) {
-    r[0] = rec(0, 5);
-    r[1] = rec(5, 7);
-    r[2] = rec(12, 3);
-    if (which == 0) r[1].wdt = MTOPT__DT_BF16;
-    if (which == 1) r[1].gdt = MTOPT__DT_F16;
-    if (which == 2) r[1].sdt = MTOPT__DT_BF16;
-    if (which == 3) r[1].mmode = MTOPT__MASTER_F32;
-    expect(r, 3, 3, (int64_t[]){0, 1, 2}, (int64_t[]){5, 7, 3}, "low precision");
-  }
-  ck_assert_int_eq(mtopt__segments(r, 0, NULL), 0);
-  r[0] = rec(0, 0);
-  ck_assert_int_eq(mtopt__segments(r, 1, NULL), 0);
-}
-END_TEST
-
 /* ------------------------------------------------ packed against apart -- */
 
 enum { NT = 23, STEPS = 5 };
@@ -115,7 +31,24 @@ typedef struct {
   float *w[NT], *g[NT]; /* the tensors' starts (g NULL: library-owned) */
   void *mem[2 * NT];  /* the allocations */
   int nmem;
+  int64_t len; /* packed or pooled: the buffers' length */
 } layout_t;
+
+#define GAP_W 7.25f /* what the gaps of a pooled w hold (make_layout) */
+
+/* Pooled: every element of w outside the tensors still holds GAP_W. */
+static void gaps_kept(const layout_t *L, int step) {
+  float *w = malloc((size_t)L->len * 4);
+  tu_to_host(L->be, w, L->mem[0], (size_t)L->len * 4);
+  for (int i = 0, k = 0; i <= NT; i++) {
+    const int64_t end = i < NT ? L->off[i] : L->len;
+    for (; k < end; k++)
+      ck_assert_msg(w[k] == GAP_W, "step %d: the gap element %d before tensor %d holds %a", step,
+                    k, i, (double)w[k]);
+    if (i < NT) k = (int)(L->off[i] + L->numel[i]);
+  }
+  free(w);
+}
 
 /* Sizes: odd and small, one empty, one large amid them. */
 static void sizes(tu_rng_t *rng, int64_t *numel) {
@@ -125,23 +58,33 @@ static void sizes(tu_rng_t *rng, int64_t *numel) {
   numel[12] = 1;
 }
 
-/* packed: w and g each one buffer, `skew` floats in, tensors back to back;
- * apart: each tensor its own allocation at the packed start's residue.
- * gmode 0: g at w's residue; 1: one element further (the scalar path on
- * CUDA); 2: no g, the library's buffer. */
+/* packed (1): w and g each one buffer, `skew` floats in, tensors back to
+ * back; pooled (2): the same with each tensor at a 64-element (256-byte)
+ * start, the gaps of w holding GAP_W and those of g NaN (a step that wrote
+ * or summed a gap would show); apart (0): each tensor its own allocation at
+ * the packed start's residue. gmode 0: g at w's residue; 1: one element
+ * further (the scalar path on CUDA); 2: no g, the library's buffer. */
 static void make_layout(layout_t *L, mtopt_backend_t be, const int64_t *numel, int skew,
                         int packed, int gmode) {
   memset(L, 0, sizeof *L);
   L->be = be;
   int64_t at = skew;
   for (int i = 0; i < NT; i++) {
+    if (packed == 2) at = (at + 63) / 64 * 64 + skew;
     L->numel[i] = numel[i];
     L->off[i] = at;
     at += numel[i];
   }
+  L->len = at;
   const int gs = gmode == 1; /* g's shift */
   if (packed) {
     float *w = tu_alloc(be, (size_t)at * 4), *g = tu_alloc(be, (size_t)(at + 1) * 4);
+    float *fill = malloc((size_t)(at + 1) * 4);
+    for (int64_t k = 0; k <= at; k++) fill[k] = GAP_W;
+    tu_to_backend(be, w, fill, (size_t)at * 4);
+    for (int64_t k = 0; k <= at; k++) fill[k] = NAN;
+    tu_to_backend(be, g, fill, (size_t)(at + 1) * 4);
+    free(fill);
     L->mem[L->nmem++] = w;
     L->mem[L->nmem++] = g;
     for (int i = 0; i < NT; i++) {
@@ -151,9 +94,11 @@ static void make_layout(layout_t *L, mtopt_backend_t be, const int64_t *numel, i
     return;
   }
   for (int i = 0; i < NT; i++) {
-    const int64_t r = L->off[i] % 4; /* tu_alloc is 256-byte aligned */
-    float *w = tu_alloc(be, (size_t)(r + numel[i] + 1) * 4);
-    float *g = tu_alloc(be, (size_t)(r + numel[i] + 2) * 4);
+    /* tu_alloc is 256-byte aligned; the pad keeps every next allocation
+     * past the widest gap a segment may span (apart, nothing merges) */
+    const int64_t r = L->off[i] % 4, pad = MTOPT__SEGMENT_GAP_MAX + 2;
+    float *w = tu_alloc(be, (size_t)(r + numel[i] + pad) * 4);
+    float *g = tu_alloc(be, (size_t)(r + numel[i] + pad) * 4);
     L->mem[L->nmem++] = w;
     L->mem[L->nmem++] = g;
     L->w[i] = w + r;
@@ -321,6 +266,28 @@ static void slots_sum_to_norm(mtopt_optimizer_t *op) {
                 (double)ip.last_grad_norm);
 }
 
+/* CPU: the segments' masks (plan.h) set exactly the tensors' elements of
+ * each span. */
+static void masks_match(const mtopt_optimizer_t *op, const layout_t *P) {
+  if (tu_backend() != MTOPT_BACKEND_CPU) return;
+  const mtopt__plan_t *s = op->step_plan;
+  int64_t checked = 0;
+  for (int64_t k = 0; k < s->num_tensors; k++) {
+    const mtopt__tensor_rec_t *t = &s->tensors[k];
+    const uint32_t *mask = mtopt__mask_of(s, k);
+    const int64_t at = (int64_t)(t->w - P->w[0]) + P->off[0];
+    for (int64_t e = 0; e < t->numel; e++) {
+      int in = 0;
+      for (int i = 0; i < NT && !in; i++) in = at + e >= P->off[i] && at + e < P->off[i] + P->numel[i];
+      ck_assert_msg(mask ? mtopt__mask_bit(mask, e) == in : in,
+                    "segment %lld element %lld: mask %d, a tensor's %d", (long long)k,
+                    (long long)e, mask ? mtopt__mask_bit(mask, e) : -1, in);
+      checked += !in;
+    }
+  }
+  ck_assert_int_gt(checked, 100); /* the gaps were there, and masked */
+}
+
 /* The same tensors packed (P, in context cp) and apart (A, in ca), the same
  * random weights, an optimizer over each; w and g are host staging. */
 typedef struct {
@@ -333,12 +300,13 @@ typedef struct {
 
 static void pair_open(pair_t *x, tu_rng_t *rng, mtopt_backend_t be, mtopt_context_t *cp,
                       mtopt_context_t *ca, const mtopt_optimizer_config_t *c, int skew,
-                      int gmode) {
+                      int gmode, int pooled) {
   int64_t numel[NT];
   sizes(rng, numel);
   x->total = 0;
   for (int i = 0; i < NT; i++) x->total += numel[i];
-  make_layout(&x->P, be, numel, skew, 1, gmode);
+  if (pooled) skew = 0; /* a span with gaps starts on 16 bytes */
+  make_layout(&x->P, be, numel, skew, pooled ? 2 : 1, gmode);
   make_layout(&x->A, be, numel, skew, 0, gmode);
   x->w = malloc((size_t)x->total * 4);
   x->g = malloc((size_t)x->total * 4);
@@ -383,7 +351,8 @@ static void pair_close(pair_t *x) {
   free(x->g);
 }
 
-/* _i: config (6) x chunk size (auto, 700) x gradients (make_layout's gmode). */
+/* _i: config (6) x chunk size (auto, 700) x gradients (make_layout's gmode)
+ * x packed or pooled. */
 START_TEST(test_packed_is_apart) {
   const int cfg = _i % 6;
   const mtopt_backend_t be = tu_backend();
@@ -394,7 +363,8 @@ START_TEST(test_packed_is_apart) {
   mtopt_state_t s0;
   const mtopt_optimizer_config_t c = config_of(cfg, (_i / 6) % 2 ? 700 : 0, &nstate, &s0);
   pair_t x;
-  pair_open(&x, &rng, be, ctx, ctx, &c, (int)tu_int(&rng, 0, 3), _i / 12);
+  const int pooled = _i >= 36;
+  pair_open(&x, &rng, be, ctx, ctx, &c, (int)tu_int(&rng, 0, 3), (_i / 12) % 3, pooled);
   mtopt_optimizer_info_t old = MTOPT_OPTIMIZER_INFO_INIT; /* an older caller's struct */
   old.struct_size = offsetof(mtopt_optimizer_info_t, update_tensors);
   old.update_tensors = -5;
@@ -414,7 +384,9 @@ START_TEST(test_packed_is_apart) {
      * about once in 1e8-1e9 steps) give other clip factors: the runs part. */
     if (!same_info(x.op, x.oa, step)) break;
     compare(x.op, &x.P, x.oa, &x.A, nstate, s0, step);
+    if (pooled) gaps_kept(&x.P, step);
   }
+  if (pooled) masks_match(x.op, &x.P);
   pair_close(&x);
   TU_OK(mtopt_context_destroy(ctx));
 }
@@ -439,7 +411,7 @@ START_TEST(test_graph) {
   mtopt_state_t s0;
   const mtopt_optimizer_config_t c = config_of(1, 0, &nstate, &s0);
   pair_t x;
-  pair_open(&x, &rng, be, cg, ca, &c, 3, 0);
+  pair_open(&x, &rng, be, cg, ca, &c, 3, 0, 1);
   cudaGraph_t graph;
   cudaGraphExec_t exec;
   tu_capture_step(stream, cudaStreamCaptureModeThreadLocal, x.op, &graph, &exec);
@@ -533,8 +505,7 @@ int main(void) {
   Suite *s = suite_create("segments");
   TCase *tc = tcase_create("segments");
   tcase_set_timeout(tc, 120);
-  tcase_add_test(tc, test_rule);
-  tcase_add_loop_test(tc, test_packed_is_apart, 0, 36);
+  tcase_add_loop_test(tc, test_packed_is_apart, 0, 72);
   tcase_add_test(tc, test_kept);
 #ifdef MTOPT_HAVE_CUDA
   tcase_add_test(tc, test_graph);

@@ -146,7 +146,23 @@ typedef struct {
                          narrow layouts (step_kernels.cuh: kernel flavours) */
   int32_t narrow_weights; /* every weight held in 2 bytes (F16/BF16 parameters, no
                              masters or remainders): another CUDA flavour */
+  /* Segment plans with gaps (core/segments.c): per tensor record its mask,
+   * or NULL where it has no gaps; element e of record k is a tensor's where
+   * bit e % 32 of masks[k][e / 32] is set, and a gap, which no pass reads or
+   * writes, where it is clear. NULL: no record has gaps (the CUDA kernels
+   * built to read masks run only where it is set). */
+  const uint32_t *const *masks;
 } mtopt__plan_t;
+
+/* Record k's mask (plan.h: masks), or NULL. */
+MTOPT_HD const uint32_t *mtopt__mask_of(const mtopt__plan_t *p, int64_t k) {
+  return p->masks ? p->masks[k] : 0;
+}
+
+/* Whether element e of a record with a mask is a tensor's (not a gap). */
+MTOPT_HD int mtopt__mask_bit(const uint32_t *mask, int64_t e) {
+  return (int)((mask[e >> 5] >> (e & 31)) & 1u);
+}
 
 /* The passes of one step, in order, into out[]; returns how many. STATS when
  * the step takes statistics, UPDATE always, LAMB_APPLY for LAMB. Every user

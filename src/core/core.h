@@ -107,19 +107,28 @@ MTOPT__HIDDEN int64_t mtopt__chunk_table_at(const int64_t *numel, int64_t n,
 
 /* Segments (core/segments.c, where the rule is): the records of the
  * segments of recs[0..n-1] into segs (NULL: only count), each the record of
- * its first tensor with the segment's numel; returns their count. Empty
- * tensors are in none. Pure, for the tests. */
+ * its first tensor with the segment's span as numel (its tensors' elements
+ * and the gaps between them), and the index of each one's first tensor into
+ * first (NULL: not wanted); returns their count. Empty tensors are in none.
+ * Pure, for the tests. */
 #define MTOPT__SEGMENT_TENSOR_MAX 65536
+/* The widest gap a segment spans between two of its tensors, in elements:
+ * 512 bytes, the granule PyTorch's caching allocator rounds tensors to. */
+#define MTOPT__SEGMENT_GAP_MAX 128
 MTOPT__HIDDEN int64_t mtopt__segments(const mtopt__tensor_rec_t *recs, int64_t n,
-                                      mtopt__tensor_rec_t *segs);
+                                      mtopt__tensor_rec_t *segs, int64_t *first);
 /* The rule, which the slab's layout (core/layout.c) follows too: t may be a
  * segment's member (non-empty, under MTOPT__SEGMENT_TENSOR_MAX elements,
- * every array F32, no masters), and t continues segment s (its
- * first tensor's record with the segment's numel): one group and flags,
- * each array's next element (NULL arrays stay NULL). */
+ * every array F32, no masters), and t continues segment s (its first
+ * tensor's record with the segment's span as numel) if it has s's group
+ * and flags and starts the same gap (0 <= gap < MTOPT__SEGMENT_GAP_MAX
+ * elements) after s's span in every array (NULL arrays stay NULL; where
+ * both gradients are NULL the library's buffer mirrors the parameters),
+ * and, if the gap is not 0, s starts on a 16-byte boundary of its
+ * parameters. Returns the gap, or -1 where t does not continue s. */
 MTOPT__HIDDEN int mtopt__segment_member(const mtopt__tensor_rec_t *t);
-MTOPT__HIDDEN int mtopt__segment_continues(const mtopt__tensor_rec_t *s,
-                                           const mtopt__tensor_rec_t *t);
+MTOPT__HIDDEN int64_t mtopt__segment_gap(const mtopt__tensor_rec_t *s,
+                                         const mtopt__tensor_rec_t *t);
 /* Sets opt->step_plan: the segment plan (its tables and statistics slots
  * allocated in dev_segments) where any tensors merge, else &opt->plan.
  * chunk_size: the config's (0: chosen for the segments as for tensors). Only

@@ -65,12 +65,13 @@ void mtopt__layout(const mtopt_tensor_list_t *list, const mtopt_optimizer_config
   }
   /* The slab, run by run: the tensors that core/segments.c's rule would join
    * on their parameters and gradients (the state not placed yet: NULL in
-   * both) get their first state arrays back to back, then their second ones,
-   * so that the segments can step them as one; any other tensor keeps its m,
-   * v and master side by side, which DRAM serves better on large tensors
-   * (ViT-H: 0.97 of a copy, 0.92 with every tensor's m before every v;
-   * docs/perf_notes_small.md, v11). With grad NULL both gradients are in the
-   * library's buffer, where consecutive tensors lie back to back. */
+   * both) get their first state arrays at the parameters' distances, gaps
+   * and all, then their second ones, so that the segments can step them as
+   * one; any other tensor keeps its m, v and master side by side, which DRAM
+   * serves better on large tensors (ViT-H: 0.97 of a copy, 0.92 with every
+   * tensor's m before every v; docs/perf_notes_small.md, v11). With grad
+   * NULL the run's gradients go in the library's buffer at the same
+   * distances. */
   int64_t soff = 0, goff[MTOPT__NUM_DTYPES] = {0, 0, 0};
 #define DESC(j) (&list->items[order ? order[j] : (j)].desc)
   for (int64_t j0 = 0, j1; j0 < list->count; j0 = j1) {
@@ -80,37 +81,44 @@ void mtopt__layout(const mtopt_tensor_list_t *list, const mtopt_optimizer_config
       const mtopt_tensor_desc_t *d = DESC(j1);
       if (d->numel == 0) continue; /* no state: in any run */
       const mtopt__tensor_rec_t t = rec_of(d, c, 0);
-      if (!joinable || !mtopt__segment_continues(&run, &t)) break;
-      run.numel += t.numel;
+      const int64_t tg = joinable ? mtopt__segment_gap(&run, &t) : -1;
+      if (tg < 0) break;
+      run.numel += tg + t.numel;
     }
-    for (int a = 0; a <= nstate; a++) { /* a == nstate: the masters */
+    /* Array a of the run (a == nstate: the masters; a == nstate + 1: the
+     * library's gradients), each member at its parameter's distance from
+     * the first member's. */
+    for (int a = 0; a <= nstate + 1; a++) {
+      const void *w0 = NULL;
+      int64_t base = 0;
       for (int64_t j = j0; j < j1; j++) {
         const int64_t i = order ? order[j] : j;
         const mtopt_tensor_desc_t *d = DESC(j);
-        const int eb = a < nstate ? se : master_bytes(mtopt__master_mode(c, d->param_dtype));
+        const int pe = mtopt__dt_size(d->param_dtype);
+        const int eb = a < nstate    ? se
+                       : a == nstate ? master_bytes(mtopt__master_mode(c, d->param_dtype))
+                       : d->grad     ? 0
+                                     : mtopt__dt_size(d->grad_dtype);
         if (d->numel == 0 || eb == 0) continue;
-        soff = mtopt__place(soff, eb, d->param, mtopt__dt_size(d->param_dtype));
-        if (slab) {
-          char *p = slab + soff;
-          if (a == nstate) recs[i].mw = p;
-          else if (a == 0) recs[i].s0 = (float *)p;
-          else recs[i].s1 = (float *)p;
+        int64_t *off = a <= nstate ? &soff : &goff[d->grad_dtype];
+        if (!w0) {
+          w0 = d->param;
+          base = mtopt__place(*off, eb, d->param, pe);
         }
-        soff += d->numel * eb;
+        const int64_t at = base + (int64_t)(((uintptr_t)d->param - (uintptr_t)w0) / (uintptr_t)pe) * eb;
+        char *mem = a <= nstate ? slab : grads ? grads[d->grad_dtype] : NULL;
+        if (mem) {
+          char *q = mem + at;
+          if (a == nstate + 1) recs[i].g = (float *)q;
+          else if (a == nstate) recs[i].mw = q;
+          else if (a == 0) recs[i].s0 = (float *)q;
+          else recs[i].s1 = (float *)q;
+        }
+        *off = at + d->numel * eb;
       }
     }
   }
 #undef DESC
-  for (int64_t j = 0; j < list->count; j++) {
-    const int64_t i = order ? order[j] : j;
-    const mtopt_tensor_desc_t *d = &list->items[i].desc;
-    if (d->numel == 0 || d->grad) continue;
-    const int ge = mtopt__dt_size(d->grad_dtype);
-    int64_t *g = &goff[d->grad_dtype];
-    *g = mtopt__place(*g, ge, d->param, mtopt__dt_size(d->param_dtype));
-    if (grads && grads[d->grad_dtype]) recs[i].g = (float *)(grads[d->grad_dtype] + *g);
-    *g += d->numel * ge;
-  }
   size->slab = soff;
   for (int k = 0; k < MTOPT__NUM_DTYPES; k++) size->grads[k] = goff[k];
 }

@@ -127,13 +127,14 @@ void mtopt__cpu_sumsq(const float *restrict x, int32_t n, float inv,
   memcpy(st->bad, bad, sizeof bad);
 }
 
-/* The chunk's statistics slots: fp32 gradients summed in place, others
- * widened in tiles (cpu_tiles.c), so that every dtype sums alike. */
+/* The chunk's statistics slots: fp32 gradients summed in place, others (and
+ * segments with gaps) widened in tiles (cpu_tiles.c), so that every dtype
+ * sums alike. */
 static void stats_chunk(const mtopt__plan_t *p, int64_t c, float inv) {
   const mtopt__chunk_rec_t ch = p->chunks[c];
   mtopt__cpu_stats_t st;
   memset(&st, 0, sizeof st);
-  if (p->all_f32)
+  if (p->all_f32 && !mtopt__mask_of(p, ch.tensor))
     mtopt__cpu_sumsq(p->tensors[ch.tensor].g + ch.start, ch.len, inv, &st);
   else
     mtopt__cpu_stats_tiles(p, c, inv, &st);
@@ -239,7 +240,7 @@ static void update_chunk(const mtopt__plan_t *p, const mtopt__hyper_t *h, int64_
   const mtopt__chunk_rec_t ch = p->chunks[c];
   const mtopt__tensor_rec_t *t = &p->tensors[ch.tensor];
   const mtopt__scalars_t s = mtopt__chunk_scalars(h, &p->groups[t->group], t);
-  if (!p->all_f32) {
+  if (!p->all_f32 || mtopt__mask_of(p, ch.tensor)) { /* gaps: the tiles' masked stores */
     mtopt__cpu_update_mixed(p, h, &s, c);
     return;
   }

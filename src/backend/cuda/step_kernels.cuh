@@ -162,13 +162,14 @@ struct ChunkView {
   mtopt__tensor_rec_t rec;
   int64_t start;
   mtopt__sr_t sr;
+  const uint32_t *mask; /* MASKED kernels: the record's (a segment with gaps), or NULL */
 };
 
 /* Slice k of `slices` of chunk c (one slice: the whole chunk). The slices are
  * ceil(chunk_size / slices) elements rounded up to kSliceAlign, from the
  * chunk's start: a chunk shorter than chunk_size leaves its last slices
  * empty. */
-template <int PASS, bool MIXED>
+template <int PASS, bool MIXED, bool MASKED>
 __device__ __forceinline__ void load_view(const mtopt__plan_t &p, int64_t c, int k, int slices,
                                           ChunkView &v) {
   mtopt__chunk_rec_t ch = p.chunks[c];
@@ -187,6 +188,8 @@ __device__ __forceinline__ void load_view(const mtopt__plan_t &p, int64_t c, int
   v.s0 = t->s0 ? t->s0 + ch.start : nullptr;
   v.s1 = t->s1 ? t->s1 + ch.start : nullptr;
   v.len = ch.len;
+  if constexpr (MIXED || MASKED) v.start = ch.start;
+  if constexpr (MASKED) v.mask = p.masks[ch.tensor];
   v.first_chunk = t->first_chunk;
   v.num_chunks = t->num_chunks;
   v.skip = PASS != MTOPT__PASS_STATS && h->skip != 0;
@@ -196,7 +199,6 @@ __device__ __forceinline__ void load_view(const mtopt__plan_t &p, int64_t c, int
     v.s = mtopt__chunk_scalars(h, &p.groups[t->group], t);
   if constexpr (MIXED) {
     v.rec = *t;
-    v.start = ch.start;
     if (PASS != MTOPT__PASS_STATS && !v.skip) v.sr = mtopt__sr_for(&p, h, t);
   }
 }
@@ -266,13 +268,27 @@ __device__ __forceinline__ float lamb_chunk_step(const mtopt__plan_t &p, const C
 
 /* ---- one chunk of each pass, by a team (a block or a warp) ---- */
 
+/* The all-F32 arrays of v through stream_chunk; in MASKED kernels (plans with
+ * segments with gaps) a chunk with a mask reads and writes only its
+ * tensors' elements. */
+template <int TEAM, int N, unsigned STORE, bool MASKED, class F>
+__device__ __forceinline__ void stream_view(const ChunkView &v, float *const (&arr)[N], F &op) {
+  if constexpr (MASKED) {
+    if (v.mask) {
+      stream_chunk<TEAM, N, STORE, true>(arr, v.len, op, v.mask, v.start);
+      return;
+    }
+  }
+  stream_chunk<TEAM, N, STORE>(arr, v.len, op);
+}
+
 /* Every thread of the team calls it; v is the team's shared view. Slice k of
  * `slices` of chunk c (load_view); the passes with per-chunk slots (STATS,
  * LAMB) take whole chunks. */
-template <int TEAM, int PASS, int KIND, bool MIXED, bool AHEAD = false>
+template <int TEAM, int PASS, int KIND, bool MIXED, bool AHEAD = false, bool MASKED = false>
 __device__ __forceinline__ void do_chunk(const mtopt__plan_t &p, int64_t c, int k, int slices,
                                          ChunkView &v) {
-  if (team_lane<TEAM>() == 0) load_view<PASS, MIXED>(p, c, k, slices, v);
+  if (team_lane<TEAM>() == 0) load_view<PASS, MIXED, MASKED>(p, c, k, slices, v);
   team_sync<TEAM>();
   if constexpr (PASS == MTOPT__PASS_STATS) {
     double acc = 0.0;
@@ -280,7 +296,7 @@ __device__ __forceinline__ void do_chunk(const mtopt__plan_t &p, int64_t c, int 
     if constexpr (!MIXED) {
       StatsOp op{v.inv, 0.0, 0u};
       float *const arr[1] = {v.g};
-      stream_chunk<TEAM, 1, 0u>(arr, v.len, op);
+      stream_view<TEAM, 1, 0u, MASKED>(v, arr, op);
       acc = op.acc;
       bad = op.bad;
     } else {
@@ -301,17 +317,17 @@ __device__ __forceinline__ void do_chunk(const mtopt__plan_t &p, int64_t c, int 
     } else if constexpr (KIND == MTOPT__KIND_ADAMW || KIND == MTOPT__KIND_ADAM) {
       AdamOp<KIND == MTOPT__KIND_ADAMW> op{v.s};
       float *const arr[4] = {v.w, v.g, v.s0, v.s1};
-      stream_chunk<TEAM, 4, 0xDu>(arr, v.len, op); /* store w, m, v */
+      stream_view<TEAM, 4, 0xDu, MASKED>(v, arr, op); /* store w, m, v */
     } else if constexpr (KIND == MTOPT__KIND_SGD) {
       /* momentum is 0 where the tensor has no buffer (mtopt__chunk_scalars) */
       if (v.s.momentum != 0.0f) {
         SgdBufOp op{v.s};
         float *const arr[3] = {v.w, v.g, v.s0};
-        stream_chunk<TEAM, 3, 0x5u>(arr, v.len, op); /* store w, buf */
+        stream_view<TEAM, 3, 0x5u, MASKED>(v, arr, op); /* store w, buf */
       } else {
         SgdOp op{v.s};
         float *const arr[2] = {v.w, v.g};
-        stream_chunk<TEAM, 2, 0x1u>(arr, v.len, op);
+        stream_view<TEAM, 2, 0x1u, MASKED>(v, arr, op);
       }
     } else { /* LAMB stage 1: moments */
       LambMomentsOp op{v.s, 0.0, 0.0};
@@ -377,23 +393,31 @@ __device__ __forceinline__ void do_chunk(const mtopt__plan_t &p, int64_t c, int 
  * perf_notes.md v17); the other kinds as many as their registers allow (at
  * 4, AdamW ran no faster). */
 constexpr int kFlavourF32 = 0, kFlavourMixed = 1, kFlavourNarrow = 2, kFlavourMixedNarrowW = 3,
-              kFlavourNarrowSR = 4;
+              kFlavourNarrowSR = 4, kFlavourF32Masked = 5;
 
-constexpr int blocks_per_sm(int fl, int kind) {
-  if (fl == kFlavourF32) return kind == MTOPT__KIND_SGD ? 4 : 1; /* 1: no cap */
+/* The all-F32 flavours: plain, and with masks (plans with segments with
+ * gaps: stream_view), apart so that the plain one's code is as it was. */
+__host__ __device__ constexpr bool flavour_f32(int fl) { return fl == kFlavourF32 || fl == kFlavourF32Masked; }
+
+constexpr int blocks_per_sm(int fl, int kind, int pass) {
+  /* the masked flavour's partial groups take registers: capped where the
+   * plain one runs uncapped (masked AdamW 96 registers uncapped, 2 blocks) */
+  if (fl == kFlavourF32Masked)
+    return kind == MTOPT__KIND_SGD || pass == MTOPT__PASS_STATS ? 4 : 3;
+  if (flavour_f32(fl)) return kind == MTOPT__KIND_SGD ? 4 : 1; /* 1: no cap */
   return fl == kFlavourMixed || fl == kFlavourNarrowSR ? 3 : 4;
 }
 
 template <int PASS, int KIND, int FL>
-__global__ void __launch_bounds__(kBlock, blocks_per_sm(FL, KIND))
+__global__ void __launch_bounds__(kBlock, blocks_per_sm(FL, KIND, PASS))
     block_kernel(mtopt__plan_t p, int64_t c0, int slices) {
   __shared__ ChunkView v;
-  do_chunk<kBlock, PASS, KIND, FL != kFlavourF32, FL == kFlavourNarrowSR>(
+  do_chunk<kBlock, PASS, KIND, !flavour_f32(FL), FL == kFlavourNarrowSR, FL == kFlavourF32Masked>(
       p, c0 + blockIdx.x / slices, (int)(blockIdx.x % slices), slices, v);
   finish_block<PASS>(p, 1u, p.num_chunks * slices);
 }
 
-template <int PASS, int KIND, bool MIXED>
+template <int PASS, int KIND, bool MIXED, bool MASKED>
 __global__ void __launch_bounds__(kBlock) warp_kernel(mtopt__plan_t p, int64_t c0,
                                                       int64_t c1) {
   __shared__ ChunkView views[kBlock / 32];
@@ -411,7 +435,8 @@ __global__ void __launch_bounds__(kBlock) warp_kernel(mtopt__plan_t p, int64_t c
     if ((int64_t)k >= c1 - c0) break;
     const int64_t end = (int64_t)k + claim < c1 - c0 ? (int64_t)k + claim : c1 - c0;
 #pragma unroll 1
-    for (int64_t j = k; j < end; j++) do_chunk<32, PASS, KIND, MIXED>(p, c0 + j, 0, 1, v);
+    for (int64_t j = k; j < end; j++)
+      do_chunk<32, PASS, KIND, MIXED, false, MASKED>(p, c0 + j, 0, 1, v);
     mine += (unsigned)(end - k);
   }
   if (lane == 0) atomicAdd(&done, mine);
@@ -457,7 +482,7 @@ void launch(const mtopt__plan_t &p, int sm_count, int64_t c0, int64_t c1, cudaSt
    * chunks need. */
   const int64_t want = (n + kBlock / 32 - 1) / (kBlock / 32);
   const int64_t fill = (int64_t)sm_count * kWarpBlocksPerSm;
-  warp_kernel<PASS, KIND, FL != kFlavourF32>
+  warp_kernel<PASS, KIND, !flavour_f32(FL), FL == kFlavourF32Masked>
       <<<(unsigned)(want < fill ? want : fill), kBlock, 0, stream>>>(p, c0, c1);
 }
 
@@ -469,7 +494,11 @@ void launch(const mtopt__plan_t &p, int sm_count, int64_t c0, int64_t c1, cudaSt
       PASS == MTOPT__PASS_UPDATE && KIND != MTOPT__KIND_LAMB ? kFlavourMixedNarrowW : kFlavourMixed;
   constexpr int kNarrowSR =
       PASS == MTOPT__PASS_UPDATE && KIND != MTOPT__KIND_LAMB ? kFlavourNarrowSR : kFlavourNarrow;
-  if (p.all_f32)
+  /* LAMB keeps its tensors (core/segments.c): no masks, no masked kernels */
+  constexpr int kF32Masked = KIND == MTOPT__KIND_LAMB ? kFlavourF32 : kFlavourF32Masked;
+  if (p.all_f32 && p.masks)
+    launch<PASS, KIND, kF32Masked>(p, sm_count, c0, c1, stream);
+  else if (p.all_f32)
     launch<PASS, KIND, kFlavourF32>(p, sm_count, c0, c1, stream);
   else if (p.bf16_state && p.stochastic)
     launch<PASS, KIND, kNarrowSR>(p, sm_count, c0, c1, stream);

@@ -19,6 +19,7 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include "../../common/plan.h"
 #include "../../common/step_math.h"
 #include "team.cuh"
 
@@ -36,9 +37,19 @@ __device__ __forceinline__ float &lane_of(float4 &v, int j) {
  * offset to the chunk start): f(x) receives x[k] = p[k][i], may change it, and
  * arrays whose bit is set in STORE get x[k] back. Each thread visits a fixed
  * set of elements in a fixed order, so per-thread accumulators inside f are
- * deterministic. */
-template <int TEAM, int N, unsigned STORE, class F>
-__device__ __forceinline__ void stream_chunk(float *const (&p)[N], int32_t len, F &f) {
+ * deterministic.
+ *
+ * MASKED (a segment with gaps, plan.h; mask NULL: none in this chunk): only
+ * the elements whose bit of mask is set, element i of the chunk being element
+ * e0 + i of the record, are read, passed to f and written; the gaps are never
+ * touched. The record's span starts on a 16-byte boundary (core/segments.c),
+ * so each float4 group's 4 bits lie in one mask word: a whole group moves as
+ * one vector, a part of one element by element, a gap not at all. A
+ * thread's mask words are read two stages ahead of its data, so that the
+ * test before each load does not wait on memory. */
+template <int TEAM, int N, unsigned STORE, bool MASKED = false, class F>
+__device__ __forceinline__ void stream_chunk(float *const (&p)[N], int32_t len, F &f,
+                                             const uint32_t *mask = nullptr, int64_t e0 = 0) {
   const int tid = team_lane<TEAM>();
   const unsigned r0 = (unsigned)((uintptr_t)p[0] & 15u);
   bool same = true;
@@ -46,6 +57,8 @@ __device__ __forceinline__ void stream_chunk(float *const (&p)[N], int32_t len, 
   for (int k = 1; k < N; k++) same = same && (((uintptr_t)p[k] & 15u) == r0);
 
   auto scalar = [&](int32_t i) {
+    if constexpr (MASKED)
+      if (!mtopt__mask_bit(mask, e0 + i)) return;
     float x[N];
 #pragma unroll
     for (int k = 0; k < N; k++) x[k] = p[k][i];
@@ -71,27 +84,50 @@ __device__ __forceinline__ void stream_chunk(float *const (&p)[N], int32_t len, 
   float4 *q[N];
 #pragma unroll
   for (int k = 0; k < N; k++) q[k] = reinterpret_cast<float4 *>(p[k] + pro);
-  auto load = [&](float4 (&r)[ILP][N], int32_t base) {
+  /* The 4 bits of group i (15 without masks; 0 past the end). */
+  const int64_t eg = e0 + pro;
+  auto bits = [&](int32_t i) -> unsigned {
+    if constexpr (!MASKED) return 15u;
+    if (i >= n4) return 0u;
+    const int64_t e = eg + 4 * (int64_t)i;
+    return (__ldg(mask + (e >> 5)) >> (e & 31)) & 15u;
+  };
+  auto load = [&](float4 (&r)[ILP][N], int32_t base, const unsigned (&b)[ILP]) {
 #pragma unroll
     for (int u = 0; u < ILP; u++) {
       const int32_t i = base + u * TEAM;
-      if (i < n4) {
+      if (i < n4 && (!MASKED || b[u] == 15u)) {
 #pragma unroll
         for (int k = 0; k < N; k++) r[u][k] = __ldcs(q[k] + i);
+      } else if (MASKED && b[u]) {
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+          if ((b[u] >> j) & 1u)
+#pragma unroll
+            for (int k = 0; k < N; k++) lane_of(r[u][k], j) = p[k][pro + 4 * i + j];
       }
     }
   };
 
   float4 r[ILP][N], next[ILP][N];
-  load(r, tid);
+  unsigned br[ILP], bn[ILP], ba[ILP]; /* the bits of r, of next, of the stage after */
+#pragma unroll
+  for (int u = 0; u < ILP; u++) {
+    br[u] = bits(tid + u * TEAM);
+    bn[u] = bits(tid + (ILP + u) * TEAM);
+  }
+  load(r, tid, br);
   for (int32_t base = tid; base < n4; base += TEAM * ILP) {
-    load(next, base + TEAM * ILP);
+#pragma unroll
+    for (int u = 0; u < ILP; u++) ba[u] = bits(base + (2 * ILP + u) * TEAM);
+    load(next, base + TEAM * ILP, bn);
 #pragma unroll
     for (int u = 0; u < ILP; u++) {
       const int32_t i = base + u * TEAM;
       if (i < n4) {
 #pragma unroll
         for (int j = 0; j < 4; j++) {
+          if (MASKED && !((br[u] >> j) & 1u)) continue;
           float x[N];
 #pragma unroll
           for (int k = 0; k < N; k++) x[k] = lane_of(r[u][k], j);
@@ -99,15 +135,27 @@ __device__ __forceinline__ void stream_chunk(float *const (&p)[N], int32_t len, 
 #pragma unroll
           for (int k = 0; k < N; k++) lane_of(r[u][k], j) = x[k];
         }
+        if (!MASKED || br[u] == 15u) {
 #pragma unroll
-        for (int k = 0; k < N; k++)
-          if (STORE & (1u << k)) __stcs(q[k] + i, r[u][k]);
+          for (int k = 0; k < N; k++)
+            if (STORE & (1u << k)) __stcs(q[k] + i, r[u][k]);
+        } else {
+#pragma unroll
+          for (int j = 0; j < 4; j++)
+            if ((br[u] >> j) & 1u)
+#pragma unroll
+              for (int k = 0; k < N; k++)
+                if (STORE & (1u << k)) p[k][pro + 4 * i + j] = lane_of(r[u][k], j);
+        }
       }
     }
 #pragma unroll
-    for (int u = 0; u < ILP; u++)
+    for (int u = 0; u < ILP; u++) {
+      br[u] = bn[u];
+      bn[u] = ba[u];
 #pragma unroll
       for (int k = 0; k < N; k++) r[u][k] = next[u][k];
+    }
   }
 
   const int32_t t0 = pro + 4 * n4; /* 0..3 elements left */
