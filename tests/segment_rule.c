@@ -26,9 +26,9 @@ static mtopt__tensor_rec_t rec(int64_t at, int64_t numel) {
 static void expect(const mtopt__tensor_rec_t *r, int64_t n, int64_t nseg, const int64_t *first,
                    const int64_t *numel, const char *what) {
   mtopt__tensor_rec_t segs[16];
-  ck_assert_msg(mtopt__segments(r, n, NULL, NULL) == nseg, "%s: %lld segments, expected %lld", what,
-                (long long)mtopt__segments(r, n, NULL, NULL), (long long)nseg);
-  ck_assert_int_eq(mtopt__segments(r, n, segs, NULL), nseg);
+  ck_assert_msg(mtopt__segments(r, n, 1, NULL, NULL) == nseg, "%s: %lld segments, expected %lld", what,
+                (long long)mtopt__segments(r, n, 1, NULL, NULL), (long long)nseg);
+  ck_assert_int_eq(mtopt__segments(r, n, 1, segs, NULL), nseg);
   for (int64_t k = 0; k < nseg; k++) {
     ck_assert_msg(segs[k].w == r[first[k]].w && segs[k].s1 == r[first[k]].s1,
                   "%s: segment %lld does not start at tensor %lld", what, (long long)k,
@@ -86,9 +86,9 @@ START_TEST(test_rule) {
     if (which == 3) r[1].mmode = MTOPT__MASTER_F32;
     expect(r, 3, 3, (int64_t[]){0, 1, 2}, (int64_t[]){5, 7, 3}, "low precision");
   }
-  ck_assert_int_eq(mtopt__segments(r, 0, NULL, NULL), 0);
+  ck_assert_int_eq(mtopt__segments(r, 0, 1, NULL, NULL), 0);
   r[0] = rec(0, 0);
-  ck_assert_int_eq(mtopt__segments(r, 1, NULL, NULL), 0);
+  ck_assert_int_eq(mtopt__segments(r, 1, 1, NULL, NULL), 0);
 }
 END_TEST
 
@@ -102,6 +102,9 @@ START_TEST(test_gaps) {
   r[2] = rec(192, 0);
   r[3] = rec(192, 3);
   expect(r, 4, 1, (int64_t[]){0}, (int64_t[]){195}, "pooled");
+  ck_assert_int_eq(mtopt__segments(r, 4, 0, NULL, NULL), 3); /* gaps not admitted */
+  ck_assert_int_eq(mtopt__segment_gap(&r[0], &r[1], 1), 59);
+  ck_assert_int_eq(mtopt__segment_gap(&r[0], &r[1], 0), -1);
   /* the widest gap joins, one more does not */
   r[1] = rec(5 + G - 1, 7);
   r[3] = rec(5 + G - 1 + 7, 3);
@@ -139,7 +142,7 @@ START_TEST(test_gaps) {
   r[2] = rec(134, 0);
   r[3] = rec(200, 3);
   r[3].group = 1;
-  ck_assert_int_eq(mtopt__segments(r, 4, NULL, first), 2);
+  ck_assert_int_eq(mtopt__segments(r, 4, 1, NULL, first), 2);
   ck_assert_int_eq(first[0], 0);
   ck_assert_int_eq(first[1], 3);
 }

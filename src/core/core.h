@@ -72,8 +72,9 @@ typedef struct {
 
 /* Lays out the state slab and the gradient buffers for the list's tensors,
  * taken in `order` (a permutation of their indices; NULL: registration
- * order), the order of the chunk table. runs: the optimizer may step
- * segments (core/segments.c), so runs of tensors that may form one get
+ * order), the order of the chunk table. runs (MTOPT__RUNS_*): the optimizer
+ * may step segments (core/segments.c), so runs of tensors that may form one
+ * (with gaps: MTOPT__RUNS_GAPS) get
  * their state array by array; else every tensor's state lies side by side.
  * With slab/grads NULL it only counts (size); with them it also writes the
  * records' pointers, dtypes and keys into recs (whose first_chunk/num_chunks
@@ -115,7 +116,7 @@ MTOPT__HIDDEN int64_t mtopt__chunk_table_at(const int64_t *numel, int64_t n,
 /* The widest gap a segment spans between two of its tensors, in elements:
  * 512 bytes, the granule PyTorch's caching allocator rounds tensors to. */
 #define MTOPT__SEGMENT_GAP_MAX 128
-MTOPT__HIDDEN int64_t mtopt__segments(const mtopt__tensor_rec_t *recs, int64_t n,
+MTOPT__HIDDEN int64_t mtopt__segments(const mtopt__tensor_rec_t *recs, int64_t n, int gaps,
                                       mtopt__tensor_rec_t *segs, int64_t *first);
 /* The rule, which the slab's layout (core/layout.c) follows too: t may be a
  * segment's member (non-empty, under MTOPT__SEGMENT_TENSOR_MAX elements,
@@ -125,18 +126,31 @@ MTOPT__HIDDEN int64_t mtopt__segments(const mtopt__tensor_rec_t *recs, int64_t n
  * elements) after s's span in every array (NULL arrays stay NULL; where
  * both gradients are NULL the library's buffer mirrors the parameters),
  * and, if the gap is not 0, s starts on a 16-byte boundary of its
- * parameters. Returns the gap, or -1 where t does not continue s. */
+ * parameters; gaps 0 admits back to back tensors only (0 gaps). Returns
+ * the gap, or -1 where t does not continue s. Gaps are admitted only among
+ * small tensors (mtopt__small_tensors: MTOPT__RUNS_GAPS): a model of large
+ * tensors gains nothing from merging its biases across gaps, and its large
+ * tensors would then run the kernels built to read masks (1% slower on
+ * GPT-2 XL; docs/perf_notes_small.md, v21). */
+#define MTOPT__RUNS_NONE 0
+#define MTOPT__RUNS_BACK_TO_BACK 1
+#define MTOPT__RUNS_GAPS 2
 MTOPT__HIDDEN int mtopt__segment_member(const mtopt__tensor_rec_t *t);
 MTOPT__HIDDEN int64_t mtopt__segment_gap(const mtopt__tensor_rec_t *s,
-                                         const mtopt__tensor_rec_t *t);
+                                         const mtopt__tensor_rec_t *t, int gaps);
 /* Sets opt->step_plan: the segment plan (its tables and statistics slots
  * allocated in dev_segments) where any tensors merge, else &opt->plan.
  * chunk_size: the config's (0: chosen for the segments as for tensors). Only
  * for plans whose layout had runs (mtopt__layout). */
-MTOPT__HIDDEN mtopt_status_t mtopt__build_step_plan(mtopt_optimizer_t *opt, int64_t chunk_size);
+MTOPT__HIDDEN mtopt_status_t mtopt__build_step_plan(mtopt_optimizer_t *opt, int64_t chunk_size,
+                                                    int gaps);
 
+/* Whether tensors of numel[0..n-1] elements average under 4096 (n > 0):
+ * the many-small-tensors regime, where chunk_size 0 means 4096 and
+ * segments may span gaps (core/chunk_table.c, core/segments.c). */
+MTOPT__HIDDEN int mtopt__small_tensors(const int64_t *numel, int64_t n);
 /* The chunk size of chunk_size 0 for tensors of numel[0..n-1] elements:
- * 65536, or 4096 where they average under 4096 elements (core/chunk_table.c). */
+ * 65536, or 4096 where they are small (mtopt__small_tensors). */
 MTOPT__HIDDEN int64_t mtopt__auto_chunk_size(const int64_t *numel, int64_t n);
 
 /* The range checks of every scalar (core/hyperparams.c), shared by create,

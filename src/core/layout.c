@@ -81,7 +81,7 @@ void mtopt__layout(const mtopt_tensor_list_t *list, const mtopt_optimizer_config
       const mtopt_tensor_desc_t *d = DESC(j1);
       if (d->numel == 0) continue; /* no state: in any run */
       const mtopt__tensor_rec_t t = rec_of(d, c, 0);
-      const int64_t tg = joinable ? mtopt__segment_gap(&run, &t) : -1;
+      const int64_t tg = joinable ? mtopt__segment_gap(&run, &t, runs == MTOPT__RUNS_GAPS) : -1;
       if (tg < 0) break;
       run.numel += tg + t.numel;
     }

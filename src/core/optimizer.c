@@ -269,8 +269,10 @@ mtopt_status_t mtopt__optimizer_create(mtopt_context_t *ctx, mtopt_tensor_list_t
   /* Segments (core/segments.c) for AdamW, Adam and SGD over all-F32 tables;
    * the distributed layer's plans keep their tensors (their chunk ranges are
    * buckets). */
-  const int runs = all_f32 && c->kind != MTOPT_OPTIMIZER_LAMB && !options->defer_stats &&
-                   !options->order && !options->sr_tensor;
+  const int runs = !(all_f32 && c->kind != MTOPT_OPTIMIZER_LAMB && !options->defer_stats &&
+                     !options->order && !options->sr_tensor) ? MTOPT__RUNS_NONE
+                   : mtopt__small_tensors(numel, n)         ? MTOPT__RUNS_GAPS
+                                                            : MTOPT__RUNS_BACK_TO_BACK;
   mtopt__layout_t size;
   mtopt__layout(list, c, nstate, options->order, runs, NULL, NULL, NULL, &size);
   opt->state_bytes = size.slab;
@@ -332,7 +334,8 @@ mtopt_status_t mtopt__optimizer_create(mtopt_context_t *ctx, mtopt_tensor_list_t
   p->bf16_state = c->state_dtype == MTOPT_DTYPE_BF16;
   p->narrow_weights = narrow_weights;
   opt->step_plan = p;
-  if (runs) CHECK_GOTO(mtopt__build_step_plan(opt, cfg.chunk_size), st, fail);
+  if (runs)
+    CHECK_GOTO(mtopt__build_step_plan(opt, cfg.chunk_size, runs == MTOPT__RUNS_GAPS), st, fail);
 
   free(numel);
   free(first);

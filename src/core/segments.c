@@ -47,10 +47,10 @@ static int64_t gap_to(const float *a, int64_t n, const float *b, int64_t wgap) {
   return (int64_t)((at - end) / sizeof(float));
 }
 
-int64_t mtopt__segment_gap(const mtopt__tensor_rec_t *s, const mtopt__tensor_rec_t *t) {
+int64_t mtopt__segment_gap(const mtopt__tensor_rec_t *s, const mtopt__tensor_rec_t *t, int gaps) {
   if (!mtopt__segment_member(t) || t->group != s->group || t->flags != s->flags) return -1;
   const int64_t gap = gap_to(s->w, s->numel, t->w, 0);
-  if (gap < 0 || gap >= MTOPT__SEGMENT_GAP_MAX) return -1;
+  if (gap < 0 || gap >= (gaps ? MTOPT__SEGMENT_GAP_MAX : 1)) return -1;
   /* Gaps are masked per 16-byte group of the span (4 bits of a mask word):
    * the span must start on a 16-byte boundary. */
   if (gap > 0 && (uintptr_t)s->w % 16u) return -1;
@@ -60,15 +60,15 @@ int64_t mtopt__segment_gap(const mtopt__tensor_rec_t *s, const mtopt__tensor_rec
   return gap;
 }
 
-int64_t mtopt__segments(const mtopt__tensor_rec_t *recs, int64_t n, mtopt__tensor_rec_t *segs,
-                        int64_t *first) {
+int64_t mtopt__segments(const mtopt__tensor_rec_t *recs, int64_t n, int gaps,
+                        mtopt__tensor_rec_t *segs, int64_t *first) {
   int64_t k = 0;
   mtopt__tensor_rec_t cur;
   int open = 0, joinable = 0; /* a segment is open; small tensors may join it */
   for (int64_t i = 0; i < n; i++) {
     const mtopt__tensor_rec_t *t = &recs[i];
     if (t->numel == 0) continue; /* no chunks, no elements: in no segment */
-    const int64_t gap = open && joinable ? mtopt__segment_gap(&cur, t) : -1;
+    const int64_t gap = open && joinable ? mtopt__segment_gap(&cur, t, gaps) : -1;
     if (gap >= 0) {
       cur.numel += gap + t->numel; /* the span */
       continue;
@@ -135,14 +135,14 @@ static size_t segment_tables(int64_t nseg, int64_t nchunks, int64_t nwords, size
   return at[4] + (size_t)nwords * sizeof(uint32_t);
 }
 
-mtopt_status_t mtopt__build_step_plan(mtopt_optimizer_t *opt, int64_t chunk_size) {
+mtopt_status_t mtopt__build_step_plan(mtopt_optimizer_t *opt, int64_t chunk_size, int gaps) {
   static const char fn[] = "mtopt_optimizer_create";
   mtopt_context_t *ctx = opt->ctx;
   const mtopt__plan_t *p = &opt->plan;
   opt->step_plan = &opt->plan;
   if (p->num_tensors < 2) return MTOPT_STATUS_SUCCESS;
   const int64_t n = p->num_tensors;
-  const int64_t nseg = mtopt__segments(opt->tensors_host, n, NULL, NULL);
+  const int64_t nseg = mtopt__segments(opt->tensors_host, n, gaps, NULL, NULL);
   int64_t nonempty = 0;
   for (int64_t i = 0; i < n; i++) nonempty += opt->tensors_host[i].numel > 0;
   if (nseg == nonempty) return MTOPT_STATUS_SUCCESS; /* nothing to merge */
@@ -161,7 +161,7 @@ mtopt_status_t mtopt__build_step_plan(mtopt_optimizer_t *opt, int64_t chunk_size
     st = mtopt__error(ctx, MTOPT_STATUS_OUT_OF_MEMORY, "%s: host allocation failed", fn);
     goto done;
   }
-  mtopt__segments(opt->tensors_host, n, segs, member0);
+  mtopt__segments(opt->tensors_host, n, gaps, segs, member0);
   for (int64_t k = 0; k < nseg; k++) numel[k] = segs[k].numel;
   if (chunk_size == 0) chunk_size = mtopt__auto_chunk_size(numel, nseg);
   /* Chunks on the grid of chunk_size elements of the weights' addresses, so

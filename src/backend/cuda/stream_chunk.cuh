@@ -42,9 +42,8 @@ __device__ __forceinline__ float &lane_of(float4 &v, int j) {
  * MASKED (a segment with gaps, plan.h; mask NULL: none in this chunk): only
  * the elements whose bit of mask is set, element i of the chunk being element
  * e0 + i of the record, are read, passed to f and written; the gaps are never
- * touched. The record's span starts on a 16-byte boundary (core/segments.c),
- * so each float4 group's 4 bits lie in one mask word: a whole group moves as
- * one vector, a part of one element by element, a gap not at all. A
+ * touched: a whole group moves as one vector, a part of one element by
+ * element, a gap not at all. A
  * thread's mask words are read two stages ahead of its data, so that the
  * test before each load does not wait on memory. */
 template <int TEAM, int N, unsigned STORE, bool MASKED = false, class F>
@@ -84,13 +83,18 @@ __device__ __forceinline__ void stream_chunk(float *const (&p)[N], int32_t len, 
   float4 *q[N];
 #pragma unroll
   for (int k = 0; k < N; k++) q[k] = reinterpret_cast<float4 *>(p[k] + pro);
-  /* The 4 bits of group i (15 without masks; 0 past the end). */
+  /* The 4 bits of group i (15 without masks; 0 past the end); a group
+   * whose first array (the gradient, in the statistics pass) lies at
+   * another residue than the span's takes its bits from two words. */
   const int64_t eg = e0 + pro;
   auto bits = [&](int32_t i) -> unsigned {
     if constexpr (!MASKED) return 15u;
     if (i >= n4) return 0u;
     const int64_t e = eg + 4 * (int64_t)i;
-    return (__ldg(mask + (e >> 5)) >> (e & 31)) & 15u;
+    const int sh = (int)(e & 31);
+    unsigned b = __ldg(mask + (e >> 5)) >> sh;
+    if (sh > 28) b |= __ldg(mask + (e >> 5) + 1) << (32 - sh);
+    return b & 15u;
   };
   auto load = [&](float4 (&r)[ILP][N], int32_t base, const unsigned (&b)[ILP]) {
 #pragma unroll
