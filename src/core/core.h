@@ -116,6 +116,9 @@ MTOPT__HIDDEN int64_t mtopt__chunk_table_at(const int64_t *numel, int64_t n,
 /* The widest gap a segment spans between two of its tensors, in elements:
  * 512 bytes, the granule PyTorch's caching allocator rounds tensors to. */
 #define MTOPT__SEGMENT_GAP_MAX 128
+/* The largest automatic chunk of a segment plan whose segments may span gaps
+ * (core/segments.c). */
+#define MTOPT__GAP_PLAN_CHUNK 16384
 MTOPT__HIDDEN int64_t mtopt__segments(const mtopt__tensor_rec_t *recs, int64_t n, int gaps,
                                       mtopt__tensor_rec_t *segs, int64_t *first);
 /* The rule, which the slab's layout (core/layout.c) follows too: t may be a
@@ -130,8 +133,8 @@ MTOPT__HIDDEN int64_t mtopt__segments(const mtopt__tensor_rec_t *recs, int64_t n
  * the gap, or -1 where t does not continue s. Gaps are admitted only among
  * small tensors (mtopt__small_tensors: MTOPT__RUNS_GAPS): a model of large
  * tensors gains nothing from merging its biases across gaps, and its large
- * tensors would then run the kernels built to read masks (1% slower on
- * GPT-2 XL; docs/perf_notes_small.md, v21). */
+ * tensors would then run the kernels built to read masks (GPT-2 XL 0.971
+ * of a copy with them, 0.972 without: docs/perf_notes_gaps.md, v21, v22). */
 #define MTOPT__RUNS_NONE 0
 #define MTOPT__RUNS_BACK_TO_BACK 1
 #define MTOPT__RUNS_GAPS 2

@@ -12,7 +12,8 @@
  * table: long contiguous chunks where there were one or a few short ones per
  * tensor. DRAM serves those at the large-tensor rate (docs/perf_notes_small.md,
  * v10: the same bytes ran at 0.79 of a copy as 100,000 mixed-size tensors,
- * 0.94 as flat runs; v21: a reference AdamW over the pool's gaps at 0.955). The
+ * 0.94 as flat runs; perf_notes_gaps.md, v21: a reference AdamW over the
+ * pool's gaps at 0.955). The
  * statistics pass sums the squares per chunk of this table, in double, so
  * its norm equals the same tensors' apart up to the rounding of those double
  * sums: the float norm (and with it the clip factor) the same but for a
@@ -163,7 +164,14 @@ mtopt_status_t mtopt__build_step_plan(mtopt_optimizer_t *opt, int64_t chunk_size
   }
   mtopt__segments(opt->tensors_host, n, gaps, segs, member0);
   for (int64_t k = 0; k < nseg; k++) numel[k] = segs[k].numel;
-  if (chunk_size == 0) chunk_size = mtopt__auto_chunk_size(numel, nseg);
+  /* chunk_size 0 over the segments: as over tensors, but at most 16384
+   * elements where they span gaps (small tensors pooled): tiny-50k 0.809 of
+   * the copy in 65536-element chunks, 0.825 in 8192 to 32768, many-mixed
+   * 0.86 in all (one H200; docs/perf_notes_gaps.md, v22). */
+  if (chunk_size == 0) {
+    chunk_size = mtopt__auto_chunk_size(numel, nseg);
+    if (gaps && chunk_size > MTOPT__GAP_PLAN_CHUNK) chunk_size = MTOPT__GAP_PLAN_CHUNK;
+  }
   /* Chunks on the grid of chunk_size elements of the weights' addresses, so
    * that the blocks' slices (CUDA) start on aligned stretches: 100 runs of
    * tiny-50k's tensors cut from their own starts ran at 0.81 of a copy, on

@@ -400,10 +400,10 @@ constexpr int kFlavourF32 = 0, kFlavourMixed = 1, kFlavourNarrow = 2, kFlavourMi
 __host__ __device__ constexpr bool flavour_f32(int fl) { return fl == kFlavourF32 || fl == kFlavourF32Masked; }
 
 constexpr int blocks_per_sm(int fl, int kind, int pass) {
-  /* the masked flavour's partial groups take registers: capped where the
-   * plain one runs uncapped (masked AdamW 96 registers uncapped, 2 blocks) */
-  if (fl == kFlavourF32Masked)
-    return kind == MTOPT__KIND_SGD || pass == MTOPT__PASS_STATS ? 4 : 3;
+  /* the masked flavour: 4 blocks for every kind (AdamW 64 registers; many-
+   * mixed 0.862 of the copy against 0.835 at 3, SGD 0.863 against 0.827;
+   * uncapped, its warp kernel took 114 registers: perf_notes_gaps.md v22) */
+  if (fl == kFlavourF32Masked) return 4;
   if (flavour_f32(fl)) return kind == MTOPT__KIND_SGD ? 4 : 1; /* 1: no cap */
   return fl == kFlavourMixed || fl == kFlavourNarrowSR ? 3 : 4;
 }
@@ -418,8 +418,7 @@ __global__ void __launch_bounds__(kBlock, blocks_per_sm(FL, KIND, PASS))
 }
 
 template <int PASS, int KIND, bool MIXED, bool MASKED>
-__global__ void __launch_bounds__(kBlock) warp_kernel(mtopt__plan_t p, int64_t c0,
-                                                      int64_t c1) {
+__device__ __forceinline__ void warp_loop(const mtopt__plan_t &p, int64_t c0, int64_t c1) {
   __shared__ ChunkView views[kBlock / 32];
   __shared__ unsigned done;
   if (threadIdx.x == 0) done = 0;
@@ -447,6 +446,18 @@ __global__ void __launch_bounds__(kBlock) warp_kernel(mtopt__plan_t p, int64_t c
       atomicExch(&p.hyper->chunks_fetched, 0u);
   }
   finish_block<PASS>(p, done, p.num_chunks);
+}
+
+template <int PASS, int KIND, bool MIXED>
+__global__ void __launch_bounds__(kBlock) warp_kernel(mtopt__plan_t p, int64_t c0, int64_t c1) {
+  warp_loop<PASS, KIND, MIXED, false>(p, c0, c1);
+}
+
+/* The masked flavour, capped as in the block kernel (blocks_per_sm). */
+template <int PASS, int KIND>
+__global__ void __launch_bounds__(kBlock, blocks_per_sm(kFlavourF32Masked, KIND, PASS))
+    warp_kernel_masked(mtopt__plan_t p, int64_t c0, int64_t c1) {
+  warp_loop<PASS, KIND, false, true>(p, c0, c1);
 }
 
 /* ---- the grid of a pass ---- */
@@ -482,8 +493,11 @@ void launch(const mtopt__plan_t &p, int sm_count, int64_t c0, int64_t c1, cudaSt
    * chunks need. */
   const int64_t want = (n + kBlock / 32 - 1) / (kBlock / 32);
   const int64_t fill = (int64_t)sm_count * kWarpBlocksPerSm;
-  warp_kernel<PASS, KIND, !flavour_f32(FL), FL == kFlavourF32Masked>
-      <<<(unsigned)(want < fill ? want : fill), kBlock, 0, stream>>>(p, c0, c1);
+  const unsigned grid = (unsigned)(want < fill ? want : fill);
+  if constexpr (FL == kFlavourF32Masked)
+    warp_kernel_masked<PASS, KIND><<<grid, kBlock, 0, stream>>>(p, c0, c1);
+  else
+    warp_kernel<PASS, KIND, !flavour_f32(FL)><<<grid, kBlock, 0, stream>>>(p, c0, c1);
 }
 
 template <int PASS, int KIND>
