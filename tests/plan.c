@@ -314,6 +314,17 @@ START_TEST(test_auto_chunk_size) {
   ck_assert_int_eq(auto_chunk_of(ctx, edge + 1, 2, bufs, NULL, 0, 0), 65536);
   free(buf);
   ck_assert_int_eq(mtopt__auto_chunk_size(edge, 0), 65536);
+  /* Empty tensors have no chunks and do not pull the mean down: one tensor of
+   * 8193 among 99 empty ones is a large-tensor table, 4095 a small one; all
+   * empty, 65536. */
+  int64_t sparse[100] = {0};
+  sparse[42] = 8193;
+  ck_assert_int_eq(mtopt__auto_chunk_size(sparse, 100), 65536);
+  ck_assert_int_eq(mtopt__small_tensors(sparse, 100), 0);
+  sparse[42] = 4095;
+  ck_assert_int_eq(mtopt__auto_chunk_size(sparse, 100), 4096);
+  sparse[42] = 0;
+  ck_assert_int_eq(mtopt__small_tensors(sparse, 100), 0);
   for (int64_t i = 0; i < N; i++) {
     free(g[i]);
     for (int k = 0; k < 2; k++) free(w[k][i]);

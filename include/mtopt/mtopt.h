@@ -290,7 +290,7 @@ typedef struct {
   int skip_nonfinite;
   /* Elements per chunk, the unit of work: a multiple of 4 in [4, 2^30], or 0
    * (the default) for the library's choice, mtopt_optimizer_get_info reports
-   * which: 65536, or 4096 where the tensors average under 4096 elements
+   * which: 65536, or 4096 where the non-empty tensors average under 4096 elements
    * (many small tensors: docs/optimizers.md). */
   int64_t chunk_size;
   /* Mixed precision (fields since 0.2; a smaller struct_size gets the
@@ -419,7 +419,9 @@ MTOPT_API mtopt_status_t mtopt_optimizer_get_grad(mtopt_optimizer_t *opt,
 /* The contiguous gradient buffer (NULL and 0 when no tensor uses it). Each
  * view has its parameter's address residue mod 16 bytes (so it is 16-byte
  * aligned exactly when the parameter is); the length counts that padding, at
- * most 3 elements per tensor. */
+ * most 3 elements per tensor, and where runs of small tensors lie pooled
+ * with gaps (docs/optimizers.md, "Segments") the parameters' gaps, under
+ * 128 elements per tensor. */
 MTOPT_API mtopt_status_t mtopt_optimizer_get_grad_buffer(mtopt_optimizer_t *opt,
                                                          void **ptr,
                                                          int64_t *numel);
@@ -488,7 +490,8 @@ typedef struct {
   int launches_per_step;
   int bytes_per_param; /* memory traffic of one step, fp32, counted in docs/ */
   /* Tensor records the statistics and update passes step: num_tensors, or
-   * fewer where runs of small tensors that lie back to back step as one
+   * fewer where runs of small tensors that lie back to back or pooled with
+   * small gaps step as one
    * (docs/optimizers.md, "Segments"). Since 0.4. */
   int64_t update_tensors;
 } mtopt_optimizer_info_t;

@@ -51,13 +51,16 @@ int64_t mtopt__chunk_table(const int64_t *numel, int64_t n, const int64_t *order
  * 50,000 tensors of mostly under 4096 elements ran at 0.63 of a copy with
  * 65536-element chunks, 0.81 with 4096 (docs/perf_notes.md, v8). */
 int mtopt__small_tensors(const int64_t *numel, int64_t n) {
-  /* mean < 4096, summing no further than 4096 n (no overflow) */
-  int64_t total = 0;
+  /* mean over the non-empty tensors < 4096 (empty ones have no chunks: a
+   * large model with many of them is not in this regime), summing no
+   * further than 4096 m (no overflow) */
+  int64_t m = 0, total = 0;
+  for (int64_t i = 0; i < n; i++) m += numel[i] > 0;
   for (int64_t i = 0; i < n; i++) {
-    if (numel[i] >= 4096 * n - total) return 0;
+    if (numel[i] >= 4096 * m - total) return 0;
     total += numel[i];
   }
-  return n > 0;
+  return m > 0;
 }
 
 int64_t mtopt__auto_chunk_size(const int64_t *numel, int64_t n) {

@@ -148,7 +148,7 @@ MTOPT__HIDDEN int64_t mtopt__segment_gap(const mtopt__tensor_rec_t *s,
 MTOPT__HIDDEN mtopt_status_t mtopt__build_step_plan(mtopt_optimizer_t *opt, int64_t chunk_size,
                                                     int gaps);
 
-/* Whether tensors of numel[0..n-1] elements average under 4096 (n > 0):
+/* Whether the non-empty tensors of numel[0..n-1] average under 4096 elements:
  * the many-small-tensors regime, where chunk_size 0 means 4096 and
  * segments may span gaps (core/chunk_table.c, core/segments.c). */
 MTOPT__HIDDEN int mtopt__small_tensors(const int64_t *numel, int64_t n);

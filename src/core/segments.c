@@ -52,8 +52,9 @@ int64_t mtopt__segment_gap(const mtopt__tensor_rec_t *s, const mtopt__tensor_rec
   if (!mtopt__segment_member(t) || t->group != s->group || t->flags != s->flags) return -1;
   const int64_t gap = gap_to(s->w, s->numel, t->w, 0);
   if (gap < 0 || gap >= (gaps ? MTOPT__SEGMENT_GAP_MAX : 1)) return -1;
-  /* Gaps are masked per 16-byte group of the span (4 bits of a mask word):
-   * the span must start on a 16-byte boundary. */
+  /* A span with gaps starts on a 16-byte boundary, so that its 16-byte
+   * groups are the pool's (the kernels index mask bits by element and
+   * would serve any start; none was measured). */
   if (gap > 0 && (uintptr_t)s->w % 16u) return -1;
   if (gap_to(s->g, s->numel, t->g, gap) != gap || gap_to(s->s0, s->numel, t->s0, gap) != gap ||
       gap_to(s->s1, s->numel, t->s1, gap) != gap)
