@@ -161,7 +161,8 @@ START_TEST(test_equivalence) {
   mtopt_tensor_list_t *rl = model_list(ctx, &tr, 1, -1, NULL, 0, &rec);
   mtopt_optimizer_t *ref = NULL, *inner = NULL;
   if (r.d && rl) {
-    const mtopt__optimizer_options_t order = {.order = zero ? NULL : r.d->lay.order};
+    const mtopt__optimizer_options_t order = {.order = zero ? NULL : r.d->lay.order,
+                                              .keep_tensors = 1};
     EXPECT_OK(&rec, mtopt__optimizer_create(ctx, rl, &oc, &order, &ref));
   }
   if (!r.d || !ref) goto done; /* the same on every rank: create agrees */

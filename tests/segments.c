@@ -7,7 +7,12 @@
  * chunks: on the CPU, their slots are checked), for AdamW, Adam and SGD with
  * groups, no-decay tensors, empty tensors, a large tensor amid small ones, clipping and a
  * loss scale, both chunk sizes, an lr change mid-run; on CUDA also from a
- * captured graph. LAMB and low-precision tables keep their tensors. CPU
+ * captured graph. Tables whose tensors are not small on average merge back
+ * to back tensors only, and keep pooled ones apart; LAMB and low-precision
+ * tables keep their tensors, packed or pooled. Tensors each in its own
+ * allocation of its exact size merge where the allocator put them close:
+ * their gaps are other allocations' memory, which ASan (the cpu label under
+ * tools/test.sh) and compute-sanitizer's memcheck (gpu_run.sh) guard. CPU
  * backend; MTOPT_TEST_BACKEND=cuda runs it on CUDA. */
 #include <math.h>
 #include <stddef.h>
@@ -50,25 +55,64 @@ static void gaps_kept(const layout_t *L, int step) {
   free(w);
 }
 
+enum { SIZES_SMALL, SIZES_BIG, SIZES_OWN };
+
 /* Sizes: odd and small, one empty, one large amid them; under 4096 on
- * average (mtopt__small_tensors: pooled tensors merge across gaps). */
-static void sizes(tu_rng_t *rng, int64_t *numel) {
-  for (int i = 0; i < NT; i++) numel[i] = tu_int(rng, 1, 1500) | 1;
+ * average (mtopt__small_tensors: pooled tensors merge across gaps), or
+ * SIZES_BIG: a second large one, which lifts the mean over it (pooled tensors
+ * then stay apart), or SIZES_OWN: 89 to 99 elements and one empty (tensors
+ * each in its own allocation: the allocator's size classes put them a
+ * similar few bytes apart). */
+static void sizes(tu_rng_t *rng, int64_t *numel, int kind) {
+  for (int i = 0; i < NT; i++)
+    numel[i] = kind == SIZES_OWN ? tu_int(rng, 89, 99) | 1 : tu_int(rng, 1, 1500) | 1;
   numel[4] = 0;
+  if (kind == SIZES_OWN) return;
   numel[11] = MTOPT__SEGMENT_TENSOR_MAX + 3;
   numel[12] = 1;
+  if (kind == SIZES_BIG) numel[20] = MTOPT__SEGMENT_TENSOR_MAX + 5;
 }
 
-/* packed (1): w and g each one buffer, `skew` floats in, tensors back to
- * back; pooled (2): the same with each tensor at a 64-element (256-byte)
+/* An allocation of exactly `bytes`, whose neighbours the sanitizers guard
+ * (ASan's redzones; compute-sanitizer's memcheck knows cudaMalloc's size):
+ * a step that read or wrote a gap between two of them fails there. */
+static void *own_alloc(mtopt_backend_t be, size_t bytes) {
+  if (be != MTOPT_BACKEND_CPU) return tu_alloc(be, bytes);
+  void *p = malloc(bytes ? bytes : 1);
+  ck_assert_ptr_nonnull(p);
+  return p;
+}
+
+static int by_address(const void *a, const void *b) {
+  const uintptr_t x = *(const uintptr_t *)a, y = *(const uintptr_t *)b;
+  return (x > y) - (x < y);
+}
+
+/* own (3): each w its own allocation of its size, the tensors in address
+ * order (numel permuted to it), g the library's; packed (1): w and g each
+ * one buffer, `skew` floats in, tensors back to back; pooled (2): the same with each tensor at a 64-element (256-byte)
  * start, the gaps of w holding GAP_W and those of g NaN (a step that wrote
  * or summed a gap would show); apart (0): each tensor its own allocation at
  * the packed start's residue. gmode 0: g at w's residue; 1: one element
  * further (the scalar path on CUDA); 2: no g, the library's buffer. */
-static void make_layout(layout_t *L, mtopt_backend_t be, const int64_t *numel, int skew,
-                        int packed, int gmode) {
+static void make_layout(layout_t *L, mtopt_backend_t be, int64_t *numel, int skew, int packed,
+                        int gmode) {
   memset(L, 0, sizeof *L);
   L->be = be;
+  if (packed == 3) { /* own: each w its own allocation, in address order; g the library's */
+    struct { uintptr_t at; int64_t numel; } t[NT];
+    for (int i = 0; i < NT; i++) {
+      t[i].at = (uintptr_t)own_alloc(be, (size_t)numel[i] * 4);
+      t[i].numel = numel[i];
+    }
+    qsort(t, NT, sizeof t[0], by_address);
+    for (int i = 0; i < NT; i++) {
+      numel[i] = L->numel[i] = t[i].numel;
+      L->w[i] = (float *)t[i].at;
+      L->mem[L->nmem++] = L->w[i];
+    }
+    return;
+  }
   int64_t at = skew;
   for (int i = 0; i < NT; i++) {
     if (packed == 2) at = (at + 63) / 64 * 64 + skew;
@@ -175,9 +219,9 @@ static void compare(mtopt_optimizer_t *op, const layout_t *P, mtopt_optimizer_t 
   }
 }
 
-/* Config k (0..5): AdamW, AdamW with clipping and a dynamic loss scale (a
+/* Config k (0..6): AdamW, AdamW with clipping and a dynamic loss scale (a
  * statistics pass first), Adam, SGD with momentum and dampening, Nesterov SGD
- * with clipping, plain SGD; its state buffers. */
+ * with clipping, plain SGD, LAMB with clipping; its state buffers. */
 static mtopt_optimizer_config_t config_of(int k, int64_t chunk, int *nstate,
                                           mtopt_state_t *s0) {
   mtopt_optimizer_config_t c = MTOPT_OPTIMIZER_CONFIG_INIT;
@@ -210,7 +254,11 @@ static mtopt_optimizer_config_t config_of(int k, int64_t chunk, int *nstate,
     *nstate = 1;
     *s0 = MTOPT_STATE_MOMENTUM;
     break;
-  default: c.kind = MTOPT_OPTIMIZER_SGD; *nstate = 0; break;
+  case 5: c.kind = MTOPT_OPTIMIZER_SGD; *nstate = 0; break;
+  default:
+    c.kind = MTOPT_OPTIMIZER_LAMB;
+    c.max_grad_norm = 0.5f;
+    break;
   }
   return c;
 }
@@ -299,15 +347,18 @@ typedef struct {
   int64_t total;
 } pair_t;
 
+/* packed: make_layout's 1 (back to back), 2 (pooled) or 3 (own
+ * allocations, sizes SIZES_OWN, the library's gradients); big: SIZES_BIG. */
 static void pair_open(pair_t *x, tu_rng_t *rng, mtopt_backend_t be, mtopt_context_t *cp,
                       mtopt_context_t *ca, const mtopt_optimizer_config_t *c, int skew,
-                      int gmode, int pooled) {
+                      int gmode, int packed, int big) {
   int64_t numel[NT];
-  sizes(rng, numel);
+  sizes(rng, numel, packed == 3 ? SIZES_OWN : big ? SIZES_BIG : SIZES_SMALL);
   x->total = 0;
   for (int i = 0; i < NT; i++) x->total += numel[i];
-  if (pooled) skew = 0; /* a span with gaps starts on 16 bytes */
-  make_layout(&x->P, be, numel, skew, pooled ? 2 : 1, gmode);
+  if (packed == 3) gmode = 2;
+  if (packed >= 2) skew = 0; /* a span with gaps starts on 16 bytes */
+  make_layout(&x->P, be, numel, skew, packed, gmode);
   make_layout(&x->A, be, numel, skew, 0, gmode);
   x->w = malloc((size_t)x->total * 4);
   x->g = malloc((size_t)x->total * 4);
@@ -317,10 +368,20 @@ static void pair_open(pair_t *x, tu_rng_t *rng, mtopt_backend_t be, mtopt_contex
   x->op = build(cp, &x->P, c, &x->lp);
   x->oa = build(ca, &x->A, c, &x->la);
   /* Apart, nothing merges; packed, the groups and the no-decay tensors cut
-   * the small tensors into runs, the large one stays alone. */
+   * the small tensors into runs, the large ones stay alone; LAMB, and pooled
+   * tensors of a big table, keep them all. */
   ck_assert_ptr_eq(x->oa->step_plan, &x->oa->plan);
   ck_assert_int_eq(update_tensors(x->oa), NT);
-  ck_assert_int_eq(update_tensors(x->op), 9); /* 0-2 | 3,5 | 6 | 7-8 | 9-10 | 11 | 12-14 | 15 | 16.. */
+  if (packed == 3) { /* where the allocator put them: some merge, or the case tests nothing */
+    ck_assert_msg(update_tensors(x->op) < NT - 1, "own allocations: %lld segments",
+                  (long long)update_tensors(x->op));
+  } else if (c->kind == MTOPT_OPTIMIZER_LAMB || (packed == 2 && big)) {
+    ck_assert_ptr_eq(x->op->step_plan, &x->op->plan);
+    ck_assert_int_eq(update_tensors(x->op), NT);
+  } else {
+    /* 0-2 | 3,5 | 6 | 7-8 | 9-10 | 11 | 12-14 | 15 | 16.., big: 16-19 | 20 | 21-22 */
+    ck_assert_int_eq(update_tensors(x->op), big ? 11 : 9);
+  }
 }
 
 /* The gradient arrays of a side: its own, or the library's. */
@@ -352,20 +413,25 @@ static void pair_close(pair_t *x) {
   free(x->g);
 }
 
-/* _i: config (6) x chunk size (auto, 700) x gradients (make_layout's gmode)
- * x packed or pooled. */
+/* _i: config (7) x chunk size (auto, 700) x gradients (make_layout's gmode)
+ * x packed or pooled (84 cases); then a big table (14): config x packed or
+ * pooled, automatic chunks, the caller's gradients; then own allocations
+ * (6): the configs but LAMB. */
 START_TEST(test_packed_is_apart) {
-  const int cfg = _i % 6;
+  const int big = _i >= 84 && _i < 98, own = _i >= 98, cfg = _i % 7;
+  const int packed = own ? 3 : (big ? _i >= 91 : _i >= 42) ? 2 : 1, pooled = packed == 2;
+  const int gmode = big || own ? 0 : (_i / 14) % 3;
+  const int64_t chunk = !big && !own && (_i / 7) % 2 ? 700 : 0;
   const mtopt_backend_t be = tu_backend();
   tu_rng_t rng;
   tu_rng_init(&rng, tu_seed() ^ (0x5e6u + (uint64_t)_i));
   mtopt_context_t *ctx = tu_context(be);
   int nstate;
   mtopt_state_t s0;
-  const mtopt_optimizer_config_t c = config_of(cfg, (_i / 6) % 2 ? 700 : 0, &nstate, &s0);
+  const mtopt_optimizer_config_t c = config_of(cfg, chunk, &nstate, &s0);
   pair_t x;
-  const int pooled = _i >= 36;
-  pair_open(&x, &rng, be, ctx, ctx, &c, (int)tu_int(&rng, 0, 3), (_i / 12) % 3, pooled);
+  pair_open(&x, &rng, be, ctx, ctx, &c, (int)tu_int(&rng, 0, 3), gmode, packed, big);
+  const int merged = x.op->step_plan != &x.op->plan;
   mtopt_optimizer_info_t old = MTOPT_OPTIMIZER_INFO_INIT; /* an older caller's struct */
   old.struct_size = offsetof(mtopt_optimizer_info_t, update_tensors);
   old.update_tensors = -5;
@@ -377,17 +443,17 @@ START_TEST(test_packed_is_apart) {
       TU_OK(mtopt_optimizer_set_lr(x.op, 3e-3f));
       TU_OK(mtopt_optimizer_set_lr(x.oa, 3e-3f));
     }
-    if (c.max_grad_norm > 0.0f) poison_slots(x.op);
+    if (c.max_grad_norm > 0.0f && merged) poison_slots(x.op);
     TU_OK(mtopt_optimizer_step(x.op));
     TU_OK(mtopt_optimizer_step(x.oa));
-    if (c.max_grad_norm > 0.0f) slots_sum_to_norm(x.op);
+    if (c.max_grad_norm > 0.0f && merged) slots_sum_to_norm(x.op);
     /* Norms a float apart (a double sum rounded across a float's half-ulp,
      * about once in 1e8-1e9 steps) give other clip factors: the runs part. */
     if (!same_info(x.op, x.oa, step)) break;
     compare(x.op, &x.P, x.oa, &x.A, nstate, s0, step);
     if (pooled) gaps_kept(&x.P, step);
   }
-  if (pooled) masks_match(x.op, &x.P);
+  if (merged && pooled) masks_match(x.op, &x.P);
   pair_close(&x);
   TU_OK(mtopt_context_destroy(ctx));
 }
@@ -412,7 +478,7 @@ START_TEST(test_graph) {
   mtopt_state_t s0;
   const mtopt_optimizer_config_t c = config_of(1, 0, &nstate, &s0);
   pair_t x;
-  pair_open(&x, &rng, be, cg, ca, &c, 3, 0, 1);
+  pair_open(&x, &rng, be, cg, ca, &c, 3, 0, 2, 0);
   cudaGraph_t graph;
   cudaGraphExec_t exec;
   tu_capture_step(stream, cudaStreamCaptureModeThreadLocal, x.op, &graph, &exec);
@@ -457,7 +523,7 @@ START_TEST(test_kept) {
   tu_rng_init(&rng, tu_seed() ^ 0x1a3bu);
   mtopt_context_t *ctx = tu_context(be);
   int64_t numel[NT];
-  sizes(&rng, numel);
+  sizes(&rng, numel, 0);
   layout_t P;
   make_layout(&P, be, numel, 1, 1, 0);
   mtopt_optimizer_config_t c = MTOPT_OPTIMIZER_CONFIG_INIT;
@@ -506,7 +572,7 @@ int main(void) {
   Suite *s = suite_create("segments");
   TCase *tc = tcase_create("segments");
   tcase_set_timeout(tc, 120);
-  tcase_add_loop_test(tc, test_packed_is_apart, 0, 72);
+  tcase_add_loop_test(tc, test_packed_is_apart, 0, 104);
   tcase_add_test(tc, test_kept);
 #ifdef MTOPT_HAVE_CUDA
   tcase_add_test(tc, test_graph);

@@ -39,7 +39,8 @@
 #                               plot_dtypes torch_bench_dtypes compare mnist_gpu
 #                               dist_bench ctest_cpu cpu_vs_torch multi_dist_test
 #                               multi_dist_bench multi_nccl_ref multi_mnist
-#                               ncu_small ncu_large ncu_mixed memcheck racecheck)
+#                               ncu_small ncu_large ncu_mixed memcheck memcheck_segments
+#                               racecheck)
 #   GPU_RUN_BUILD_DIR=build-gpu the build directory, under the repository
 #   MTOPT_GIT_COMMIT=<sha>      recorded in the JSON when git is unavailable
 #   BENCH_ARGS / TORCH_ARGS     extra arguments for the two benchmarks
@@ -324,10 +325,13 @@ SAN=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer \
 if [ -n "$SAN" ]; then
   step memcheck 150 env CK_FORK=no "$SAN" --tool memcheck \
     --leak-check full --error-exitcode 1 "$BUILD/tests/test_cuda_backend"
+  # segments over tensors in their own cudaMalloc: a gap read is out of bounds
+  step memcheck_segments 150 env CK_FORK=no MTOPT_TEST_BACKEND=cuda "$SAN" --tool memcheck \
+    --error-exitcode 1 "$BUILD/tests/test_segments"
   step racecheck 150 env CK_FORK=no "$SAN" --tool racecheck \
     --error-exitcode 1 "$BUILD/tests/test_cuda_backend"
 else
-  for s in memcheck racecheck; do
+  for s in memcheck memcheck_segments racecheck; do
     if want $s; then
       echo "compute-sanitizer not found: no $s"
       record $s FAILED - 0

@@ -70,13 +70,19 @@ typedef struct {
   /* The order of the chunk table and of the library's buffers: a
    * permutation of the list's indices, or NULL for registration order. The
    * distributed layer makes each bucket a contiguous range of chunks with it.
-   * Tensor indices (every accessor, the checkpoint) stay the list's. */
+   * Tensor indices (every accessor, the checkpoint) stay the list's.
+   * Segments are built in index order: a caller with an order keeps the
+   * tensors (keep_tensors). */
   const int64_t *order;
   /* Stochastic rounding keys (plan.h, sr_tensor / sr_elem0) per tensor, or
    * NULL for (index, 0): ZeRO-1's pieces round as the tensors they are
    * part of, so that sharding does not change the bits. */
   const int32_t *sr_tensor;
   const int64_t *sr_elem0;
+  /* The plan steps the tensors as they are, never merged into segments
+   * (core/segments.c): the distributed layer runs chunk ranges that are its
+   * buckets, and its builders set it. */
+  int keep_tensors;
 } mtopt__optimizer_options_t;
 
 MTOPT__INTERNAL mtopt_status_t mtopt__optimizer_create(mtopt_context_t *ctx,

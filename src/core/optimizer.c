@@ -266,11 +266,10 @@ mtopt_status_t mtopt__optimizer_create(mtopt_context_t *ctx, mtopt_tensor_list_t
                       fn, ctx->ops->name);
     goto fail;
   }
-  /* Segments (core/segments.c) for AdamW, Adam and SGD over all-F32 tables;
-   * the distributed layer's plans keep their tensors (their chunk ranges are
-   * buckets). */
-  const int runs = !(all_f32 && c->kind != MTOPT_OPTIMIZER_LAMB && !options->defer_stats &&
-                     !options->order && !options->sr_tensor) ? MTOPT__RUNS_NONE
+  /* Segments (core/segments.c) for AdamW, Adam and SGD over all-F32 tables,
+   * unless the caller keeps the tensors (the distributed layer). */
+  const int runs = !(all_f32 && c->kind != MTOPT_OPTIMIZER_LAMB && !options->keep_tensors)
+                       ? MTOPT__RUNS_NONE
                    : mtopt__small_tensors(numel, n)         ? MTOPT__RUNS_GAPS
                                                             : MTOPT__RUNS_BACK_TO_BACK;
   mtopt__layout_t size;

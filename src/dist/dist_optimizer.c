@@ -96,7 +96,8 @@ static mtopt_status_t build_own(mtopt_dist_optimizer_t *d, const char *fn) {
   const mtopt__optimizer_options_t opts = {.defer_stats = d->zero,
                                            .order = d->zero ? NULL : L->order,
                                            .sr_tensor = sr_tensor,
-                                           .sr_elem0 = sr_elem0};
+                                           .sr_elem0 = sr_elem0,
+                                           .keep_tensors = 1};
   if (st == MTOPT_STATUS_SUCCESS)
     st = mtopt__optimizer_create(ctx, d->inner_list, &d->config, &opts, &d->opt);
   free(sr_tensor);
@@ -108,7 +109,7 @@ static mtopt_status_t build_own(mtopt_dist_optimizer_t *d, const char *fn) {
  * buffers (one per gradient dtype, in the layout's chunk order, with
  * alignment padding); the layout takes its offsets. */
 static mtopt_status_t build_zero0(mtopt_dist_optimizer_t *d, const char *fn) {
-  const mtopt__optimizer_options_t local = {.order = d->lay.order};
+  const mtopt__optimizer_options_t local = {.order = d->lay.order, .keep_tensors = 1};
   CHECK(mtopt__optimizer_create(d->ctx, d->list, &d->config, &local, &d->opt));
   int64_t numel[MTOPT__NUM_DTYPES];
   for (int dt = 0; dt < MTOPT__NUM_DTYPES; dt++) {
