@@ -6,9 +6,13 @@
 # is tried; an empty FLAGS is the tree as it is). The variants build in
 # parallel, bench-only (no tests, examples or MPI), then take turns: for each
 # --dtype, each variant runs mtopt_bench once, so a drift of the machine
-# spreads over all of them.
+# spreads over all of them. NAME@DIR=FLAGS builds the source tree in DIR
+# (relative to the repository) instead of this one: an earlier commit
+# against this tree, on one machine, in one run. Make DIR with
+# `git archive COMMIT | tar -x -C .variants/COMMIT` (.variants/ is
+# git-ignored) and carry it to the GPU host.
 #
-#   tools/gpu_variants.sh OUT NAME=FLAGS [NAME=FLAGS ...]
+#   tools/gpu_variants.sh OUT NAME[@DIR]=FLAGS [NAME[@DIR]=FLAGS ...]
 #
 # OUT gets summary.txt (one line per variant and dtype: each shape's step
 # ms, its copy floor's ms and the fraction), the resource usage (registers,
@@ -22,7 +26,7 @@
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
-[ $# -ge 2 ] || { sed -n '2,23p' "$0"; exit 2; }
+[ $# -ge 2 ] || { sed -n '2,28p' "$0"; exit 2; }
 mkdir -p "$1"
 OUT=$(cd "$1" && pwd)
 shift
@@ -35,8 +39,10 @@ JOBS=$(( $(nproc) / $# > 1 ? $(nproc) / $# : 1 ))
 for v in "$@"; do
   name=${v%%=*}
   flags=${v#*=}
+  src=$ROOT
+  case $name in *@*) src=$ROOT/${name#*@}; name=${name%%@*} ;; esac
   NAMES+=("$name")
-  ( cmake -S "$ROOT" -B "/tmp/variant-$name" -DCMAKE_BUILD_TYPE=Release -DMTOPT_WITH_CUDA=ON \
+  ( cmake -S "$src" -B "/tmp/variant-$name" -DCMAKE_BUILD_TYPE=Release -DMTOPT_WITH_CUDA=ON \
       -DCMAKE_CUDA_ARCHITECTURES=90 -DMTOPT_BUILD_TESTS=OFF -DMTOPT_BUILD_EXAMPLES=OFF \
       -DMTOPT_WITH_MPI=OFF -DMTOPT_GIT_COMMIT="${MTOPT_GIT_COMMIT:-}" \
       "-DCMAKE_CUDA_FLAGS=$flags" >"$RES/configure-$name.log" 2>&1 &&
