@@ -294,16 +294,20 @@ else
 fi
 
 # ---- profiles (Nsight Compute) ----
-# Small tensors: the fused step's kernel (warps fetch chunks: warp_kernel) on
-# both small-tensor sets. Large tensors: the fused step on GPT-2 XL (a block
+# Small tensors, on both small-tensor sets: the fused step's kernel over the
+# pool (segments with gaps: the masked flavour), the same tensors packed
+# (the plain kernel), and the reference AdamW kernel over the pool, side by
+# side (docs/perf_notes_gaps.md: what the masked loop loses). Large tensors: the fused step on GPT-2 XL (a block
 # per chunk: block_kernel) beside the reference AdamW kernel on the same
 # elements (its first 3 launches are the check's small buffer: skipped).
 if command -v ncu >/dev/null; then
   NCU=(ncu --clock-control none --section SpeedOfLight --section MemoryWorkloadAnalysis
        --section Occupancy --section WarpStateStats --section SchedulerStats --section LaunchStats)
-  step ncu_small 150 bash -c "for s in many-mixed tiny-50k; do ${NCU[*]} \
-    -k regex:'warp_kernel|block_kernel' -c 1 $BUILD/bench/mtopt_bench --backend cuda --shapes \$s \
-    --modes fused --iters 1 --warmup 1 --check 0 || exit 1; done"
+  step ncu_small 240 bash -c "for s in many-mixed tiny-50k; do for m in fused packed; do \
+    ${NCU[*]} -k regex:'warp_kernel|block_kernel' -c 1 $BUILD/bench/mtopt_bench --backend cuda \
+    --shapes \$s --modes \$m --iters 1 --warmup 1 --check 0 || exit 1; done; \
+    ${NCU[*]} -k regex:ref_ --launch-skip 3 -c 1 $BUILD/bench/mtopt_bench --backend cuda \
+    --shapes \$s --modes ref-adamw-pooled --iters 1 --warmup 1 --check 0 || exit 1; done"
   # The reference AdamW kernel on GPT-2 XL; a --dtype may follow.
   NCU_REF="${NCU[*]} -k regex:ref_kernel --launch-skip 3 -c 1 $BUILD/bench/mtopt_bench \
     --backend cuda --shapes gpt2-xl --modes ref-adamw --iters 1 --warmup 1 --check 0"
