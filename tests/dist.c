@@ -48,6 +48,34 @@ static void dist_model(model_t *m) {
   model_init(m, NT, numel, f32, f32, 1, 0, 0x5eed);
 }
 
+/* Both copies of the weights pooled: each tensor at its own 256-byte start
+ * of one allocation, as a caching allocator places them. A plain optimizer
+ * steps such small tensors as segments with gaps (core/segments.c); the
+ * distributed optimizer's inner one must keep them, its chunk ranges being
+ * buckets. */
+static void pool_model(model_t *m) {
+  int64_t off[NT], len = 0;
+  for (int t = 0; t < NT; t++) {
+    off[t] = len;
+    len += (m->numel[t] + 63) / 64 * 64;
+  }
+  for (int k = 0; k < 2; k++) {
+    char *pool = mem_alloc((size_t)len * 4);
+    for (int t = 0; t < NT; t++) {
+      mem_free(m->mem[k][t]);
+      m->mem[k][t] = t ? NULL : pool;
+      m->w[k][t] = pool + off[t] * 4;
+      mem_put_as(m->w[k][t], MTOPT_DTYPE_F32, m->init[t], m->numel[t]);
+    }
+  }
+}
+
+/* How many records an optimizer's update pass steps. */
+static int64_t update_tensors(const mtopt_optimizer_t *o) {
+  mtopt_optimizer_info_t info = MTOPT_OPTIMIZER_INFO_INIT;
+  return mtopt_optimizer_get_info(o, &info) == MTOPT_STATUS_SUCCESS ? info.update_tensors : -1;
+}
+
 /* ---- equivalence with a single process ---- */
 
 typedef struct {
@@ -58,22 +86,26 @@ typedef struct {
   int loss_scale; /* dynamic loss scaling from 1024, an inf at step 1 */
   int exact;      /* bit-for-bit */
   int comm_sms;   /* mtopt_comm_config_t.comm_sm_count (0: automatic) */
+  int pooled;     /* pool_model */
 } eq_case_t;
 
 static const eq_case_t eq_cases[] = {
-    {"adamw", MTOPT_OPTIMIZER_ADAMW, 0, 0.0f, 0, 1, 0},
-    {"adamw, no SM partition", MTOPT_OPTIMIZER_ADAMW, 0, 0.0f, 0, 1, -1},
-    {"lamb clip, 16 SMs for the collectives", MTOPT_OPTIMIZER_LAMB, 0, 1.0f, 0, 1, 16},
-    {"adamw zero1", MTOPT_OPTIMIZER_ADAMW, 1, 0.0f, 0, 1, 0},
-    {"adamw clip", MTOPT_OPTIMIZER_ADAMW, 0, 1.0f, 0, 1, 0},
-    {"adamw zero1 clip", MTOPT_OPTIMIZER_ADAMW, 1, 1.0f, 0, 0, 0},
-    {"sgd nesterov", MTOPT_OPTIMIZER_SGD, 0, 0.0f, 0, 1, 0},
-    {"sgd zero1", MTOPT_OPTIMIZER_SGD, 1, 0.0f, 0, 1, 0},
-    {"sgd zero1 clip", MTOPT_OPTIMIZER_SGD, 1, 2.0f, 0, 0, 0},
-    {"lamb", MTOPT_OPTIMIZER_LAMB, 0, 0.0f, 0, 1, 0},
-    {"lamb clip", MTOPT_OPTIMIZER_LAMB, 0, 1.0f, 0, 1, 0},
-    {"adam loss scale skip", MTOPT_OPTIMIZER_ADAM, 0, 0.0f, 1, 1, 0},
-    {"adam zero1 loss scale skip", MTOPT_OPTIMIZER_ADAM, 1, 0.0f, 1, 1, 0},
+    {"adamw", MTOPT_OPTIMIZER_ADAMW, 0, 0.0f, 0, 1, 0, 0},
+    {"adamw, no SM partition", MTOPT_OPTIMIZER_ADAMW, 0, 0.0f, 0, 1, -1, 0},
+    {"lamb clip, 16 SMs for the collectives", MTOPT_OPTIMIZER_LAMB, 0, 1.0f, 0, 1, 16, 0},
+    {"adamw zero1", MTOPT_OPTIMIZER_ADAMW, 1, 0.0f, 0, 1, 0, 0},
+    {"adamw clip", MTOPT_OPTIMIZER_ADAMW, 0, 1.0f, 0, 1, 0, 0},
+    {"adamw zero1 clip", MTOPT_OPTIMIZER_ADAMW, 1, 1.0f, 0, 0, 0, 0},
+    {"sgd nesterov", MTOPT_OPTIMIZER_SGD, 0, 0.0f, 0, 1, 0, 0},
+    {"sgd zero1", MTOPT_OPTIMIZER_SGD, 1, 0.0f, 0, 1, 0, 0},
+    {"sgd zero1 clip", MTOPT_OPTIMIZER_SGD, 1, 2.0f, 0, 0, 0, 0},
+    {"lamb", MTOPT_OPTIMIZER_LAMB, 0, 0.0f, 0, 1, 0, 0},
+    {"lamb clip", MTOPT_OPTIMIZER_LAMB, 0, 1.0f, 0, 1, 0, 0},
+    {"adam loss scale skip", MTOPT_OPTIMIZER_ADAM, 0, 0.0f, 1, 1, 0, 0},
+    {"adam zero1 loss scale skip", MTOPT_OPTIMIZER_ADAM, 1, 0.0f, 1, 1, 0, 0},
+    {"adamw pooled", MTOPT_OPTIMIZER_ADAMW, 0, 0.0f, 0, 1, 0, 1},
+    {"sgd nesterov clip pooled", MTOPT_OPTIMIZER_SGD, 0, 1.0f, 0, 1, 0, 1},
+    {"adamw zero1 pooled", MTOPT_OPTIMIZER_ADAMW, 1, 0.0f, 0, 1, 0, 1},
 };
 #define N_EQ_CASES ((int)(sizeof eq_cases / sizeof eq_cases[0]))
 
@@ -104,6 +136,7 @@ START_TEST(test_equivalence) {
   mtopt_context_t *ctx = test_context();
   static model_t m;
   dist_model(&m);
+  if (c->pooled) pool_model(&m);
   mtopt_comm_config_t cc = small_buckets(c->zero);
   cc.comm_sm_count = c->comm_sms;
   mtopt_comm_t *comm = NULL;
@@ -127,6 +160,15 @@ START_TEST(test_equivalence) {
   static float dh[DR_MAXN], rh[DR_MAXN];
   if (!dopt || !ref) goto done;
   EXPECT_OK(&rec, mtopt_dist_optimizer_get_optimizer(dopt, &inner));
+  if (c->pooled) { /* the reference merged across the gaps; the inner optimizer did not */
+    const int64_t nr = update_tensors(ref), ni = update_tensors(inner);
+    mtopt_optimizer_info_t info = MTOPT_OPTIMIZER_INFO_INIT;
+    EXPECT_OK(&rec, mtopt_optimizer_get_info(inner, &info));
+    EXPECT(&rec, nr > 0 && nr < NT - 1, "%s: the reference steps %lld records", c->name,
+           (long long)nr);
+    EXPECT(&rec, ni == info.num_tensors, "%s: the inner optimizer steps %lld records of %lld",
+           c->name, (long long)ni, (long long)info.num_tensors);
+  }
 
   int nb = 0;
   EXPECT_OK(&rec, mtopt_dist_get_bucket_count(dopt, &nb));
