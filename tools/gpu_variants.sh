@@ -23,6 +23,7 @@
 #                              --optimizer after an @ (default adamw)
 #   SHAPES=gpt2-xl,llama-1.1b  MODES=fused,copy  ITERS=20
 #   BUDGET=560                 seconds; the benches stop when it runs out
+#   BENCH_ARGS="--chunk-size 4096"  more mtopt_bench arguments, every variant
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -71,7 +72,7 @@ for d in $DTYPES; do
     case $d in *@*) opt=${d#*@} ;; esac
     timeout 120 "/tmp/variant-$name/bench/mtopt_bench" --backend cuda \
       --shapes "${SHAPES:-gpt2-xl,llama-1.1b}" --modes "${MODES:-fused,copy}" \
-      --iters "${ITERS:-20}" --warmup 5 --dtype "${d%@*}" --optimizer "$opt" \
+      --iters "${ITERS:-20}" --warmup 5 --dtype "${d%@*}" --optimizer "$opt" ${BENCH_ARGS:-} \
       --json "$json" >"$RES/$name-$d.log" 2>&1 ||
       echo "$name $d: mtopt_bench failed" | tee -a "$OUT/summary.txt"
     [ -s "$json" ] && python3 - "$json" "$name" "$d" >>"$OUT/summary.txt" <<'PY'

@@ -399,17 +399,17 @@ constexpr int kFlavourF32 = 0, kFlavourMixed = 1, kFlavourNarrow = 2, kFlavourMi
  * gaps: stream_view), apart so that the plain one's code is as it was. */
 __host__ __device__ constexpr bool flavour_f32(int fl) { return fl == kFlavourF32 || fl == kFlavourF32Masked; }
 
-constexpr int blocks_per_sm(int fl, int kind, int pass) {
-  /* the masked flavour: 4 blocks for every kind (AdamW 64 registers; many-
-   * mixed 0.862 of the copy against 0.835 at 3, SGD 0.863 against 0.827;
-   * uncapped, its warp kernel took 114 registers: perf_notes_gaps.md v22) */
+constexpr int blocks_per_sm(int fl, int kind) {
+  /* the masked flavour's block kernel: 4 blocks for every kind (AdamW 64
+   * registers; many-mixed 0.862 of the copy against 0.835 at 3, SGD 0.863
+   * against 0.827: perf_notes_gaps.md v22; its warp kernel: 3, below) */
   if (fl == kFlavourF32Masked) return 4;
   if (flavour_f32(fl)) return kind == MTOPT__KIND_SGD ? 4 : 1; /* 1: no cap */
   return fl == kFlavourMixed || fl == kFlavourNarrowSR ? 3 : 4;
 }
 
 template <int PASS, int KIND, int FL>
-__global__ void __launch_bounds__(kBlock, blocks_per_sm(FL, KIND, PASS))
+__global__ void __launch_bounds__(kBlock, blocks_per_sm(FL, KIND))
     block_kernel(mtopt__plan_t p, int64_t c0, int slices) {
   __shared__ ChunkView v;
   do_chunk<kBlock, PASS, KIND, !flavour_f32(FL), FL == kFlavourNarrowSR, FL == kFlavourF32Masked>(
@@ -453,9 +453,12 @@ __global__ void __launch_bounds__(kBlock) warp_kernel(mtopt__plan_t p, int64_t c
   warp_loop<PASS, KIND, MIXED, false>(p, c0, c1);
 }
 
-/* The masked flavour, capped as in the block kernel (blocks_per_sm). */
+/* The masked flavour, at 3 blocks per SM: its warp loop needs more registers
+ * than the block kernel's 64 (at 4 blocks it spilled 280 bytes a thread;
+ * 4096-element chunks of many-mixed ran at 0.654 of a copy there, 0.780 at
+ * 3: one H100, perf_notes_gaps.md, v23). */
 template <int PASS, int KIND>
-__global__ void __launch_bounds__(kBlock, blocks_per_sm(kFlavourF32Masked, KIND, PASS))
+__global__ void __launch_bounds__(kBlock, 3)
     warp_kernel_masked(mtopt__plan_t p, int64_t c0, int64_t c1) {
   warp_loop<PASS, KIND, false, true>(p, c0, c1);
 }
