@@ -89,9 +89,9 @@ static int by_address(const void *a, const void *b) {
 }
 
 /* own (3): each w its own allocation of its size, the tensors in address
- * order (numel permuted to it), g the library's; packed (1): w and g each
- * one buffer, `skew` floats in, tensors back to back; pooled (2): the same with each tensor at a 64-element (256-byte)
- * start, the gaps of w holding GAP_W and those of g NaN (a step that wrote
+ * order (numel permuted to it), g the library's, no skew; packed (1): w and
+ * g each one buffer, `skew` floats in, tensors back to back; pooled (2): the
+ * same with each tensor at a 64-element (256-byte) start, the gaps of w holding GAP_W and those of g NaN (a step that wrote
  * or summed a gap would show); apart (0): each tensor its own allocation at
  * the packed start's residue. gmode 0: g at w's residue; 1: one element
  * further (the scalar path on CUDA); 2: no g, the library's buffer. */

@@ -297,9 +297,10 @@ fi
 # Small tensors, on both small-tensor sets: the fused step's kernel over the
 # pool (segments with gaps: the masked flavour), the same tensors packed
 # (the plain kernel), and the reference AdamW kernel over the pool, side by
-# side (docs/perf_notes_gaps.md: what the masked loop loses). Large tensors: the fused step on GPT-2 XL (a block
-# per chunk: block_kernel) beside the reference AdamW kernel on the same
-# elements (its first 3 launches are the check's small buffer: skipped).
+# side (docs/perf_notes_gaps.md: what the masked loop loses). Large
+# tensors: the fused step on GPT-2 XL (a block per chunk: block_kernel)
+# beside the reference AdamW kernel on the same elements (its first 3
+# launches are the check's small buffer: skipped).
 if command -v ncu >/dev/null; then
   NCU=(ncu --clock-control none --section SpeedOfLight --section MemoryWorkloadAnalysis
        --section Occupancy --section WarpStateStats --section SchedulerStats --section LaunchStats)

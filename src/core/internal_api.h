@@ -71,8 +71,9 @@ typedef struct {
    * permutation of the list's indices, or NULL for registration order. The
    * distributed layer makes each bucket a contiguous range of chunks with it.
    * Tensor indices (every accessor, the checkpoint) stay the list's.
-   * Segments are built in index order: a caller with an order keeps the
-   * tensors (keep_tensors). */
+   * Segments (core/segments.c) follow index order, not this one: the
+   * distributed layer, whose chunk ranges in this order are its buckets,
+   * also sets keep_tensors. */
   const int64_t *order;
   /* Stochastic rounding keys (plan.h, sr_tensor / sr_elem0) per tensor, or
    * NULL for (index, 0): ZeRO-1's pieces round as the tensors they are
