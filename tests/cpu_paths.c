@@ -1,7 +1,8 @@
 /* The CPU backend's vector paths against its element path, bit for bit,
  * without a GPU: the tiles of cpu_tiles.c (the update of AdamW, Adam and SGD
  * in every dtype layout, both roundings, and the statistics of 16-bit
- * gradients) against common/step_elem.h, the functions the CUDA backend's
+ * gradients; the statistics of segments with gaps, summed run by run in
+ * place) against common/step_elem.h, the functions the CUDA backend's
  * scalar heads and tails call (rounding.c's CPU == CUDA cases then tie the
  * CUDA vector path to the same bits on a GPU). The plan is built by hand:
  * one tensor of odd length in chunks with odd starts, its stochastic-rounding
@@ -11,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/backend.h"
 #include "backend/cpu/cpu_mixed.h"
 #include "common/step_elem.h"
 #include "test_util.h"
@@ -73,6 +75,23 @@ static void check_same(const void *a, const void *b, int dt, const char *what) {
                   (long long)i);
 }
 
+/* A plan over tensor t alone in the chunks of kBounds (filled into ch). */
+static mtopt__plan_t one_tensor_plan(const mtopt__tensor_rec_t *t, mtopt__chunk_rec_t *ch) {
+  for (int c = 0; c < NCH; c++) {
+    ch[c].tensor = 0;
+    ch[c].start = kBounds[c];
+    ch[c].len = kBounds[c + 1] - kBounds[c];
+  }
+  mtopt__plan_t p;
+  memset(&p, 0, sizeof p);
+  p.tensors = t;
+  p.chunks = ch;
+  p.num_tensors = 1;
+  p.num_chunks = NCH;
+  p.num_elements = N;
+  return p;
+}
+
 START_TEST(test_update_tiles_equal_elements) {
   const layout_t L = kCases[_i];
   tu_rng_t rng;
@@ -112,11 +131,7 @@ START_TEST(test_update_tiles_equal_elements) {
   }
 
   mtopt__chunk_rec_t ch[NCH];
-  for (int c = 0; c < NCH; c++) {
-    ch[c].tensor = 0;
-    ch[c].start = kBounds[c];
-    ch[c].len = kBounds[c + 1] - kBounds[c];
-  }
+  mtopt__plan_t p = one_tensor_plan(&t, ch);
   mtopt__group_rec_t grp = {1.0f, 1.0f};
   mtopt__hyper_t h;
   memset(&h, 0, sizeof h);
@@ -132,15 +147,8 @@ START_TEST(test_update_tiles_equal_elements) {
   h.seed = tu_seed() ^ 0x5eedu;
   h.step = 4;
   h.grad_scale = 0.5f;
-  mtopt__plan_t p;
-  memset(&p, 0, sizeof p);
-  p.tensors = &t;
-  p.chunks = ch;
   p.groups = &grp;
   p.hyper = &h;
-  p.num_tensors = 1;
-  p.num_chunks = NCH;
-  p.num_elements = N;
   p.kind = L.kind;
   p.stochastic = L.sr;
 
@@ -197,15 +205,7 @@ START_TEST(test_stats_tiles_equal_lanes) {
   t.gdt = (uint8_t)gdt;
   t.g = make_array(gdt, x);
   mtopt__chunk_rec_t ch[NCH];
-  for (int c = 0; c < NCH; c++) {
-    ch[c].tensor = 0;
-    ch[c].start = kBounds[c];
-    ch[c].len = kBounds[c + 1] - kBounds[c];
-  }
-  mtopt__plan_t p;
-  memset(&p, 0, sizeof p);
-  p.tensors = &t;
-  p.chunks = ch;
+  mtopt__plan_t p = one_tensor_plan(&t, ch);
   const float inv = 1.0f / 3.0f;
   for (int c = 0; c < NCH; c++) {
     mtopt__cpu_stats_t st;
@@ -231,6 +231,77 @@ START_TEST(test_stats_tiles_equal_lanes) {
 }
 END_TEST
 
+/* The statistics of a segment with gaps (plan.h: masks), all-F32, which
+ * backend_cpu.c sums in place run by run: the same lanes as the rule above
+ * with the gaps skipped (a gap would add 0), and no gap read: the gaps hold
+ * NaN, so a gap summed would show. Runs of 1 to 70 elements at every lane
+ * and word offset, gaps of 1 to 40; chunks with odd starts, one of a single
+ * element, and one inside a gap. */
+START_TEST(test_stats_runs_equal_lanes) {
+  tu_rng_t rng;
+  tu_rng_init(&rng, tu_seed() + 7919u);
+  float *g = malloc(N * sizeof(float));
+  uint32_t mask[(N + 31) / 32];
+  memset(mask, 0, sizeof mask);
+  fill_grads(&rng, g);
+  for (int64_t e = 0; e < N; e++) /* finite, so that every slot is a sum */
+    if (!isfinite(g[e])) g[e] = 0.75f;
+  for (int64_t e = 0; e < N;) {
+    const int64_t run = tu_int(&rng, 1, 70), gap = tu_int(&rng, 1, 40);
+    for (int64_t k = e; k < e + run && k < N; k++) mask[k >> 5] |= 1u << (k & 31);
+    for (int64_t k = e + run; k < e + run + gap && k < N; k++) g[k] = NAN;
+    e += run + gap;
+  }
+  g[1508] = NAN; /* the one-element chunk 1508 is a gap: a slot of 0 */
+  mask[1508 >> 5] &= ~(1u << (1508 & 31));
+  g[1] = INFINITY; /* a tensor's non-finite value counts (chunk 0 alone) */
+  mask[0] |= 2u;
+  const uint32_t *masks[1] = {mask};
+  mtopt__tensor_rec_t t;
+  memset(&t, 0, sizeof t);
+  t.numel = N;
+  t.g = g;
+  mtopt__chunk_rec_t ch[NCH];
+  mtopt__plan_t p = one_tensor_plan(&t, ch);
+  mtopt__sum_t slot[NCH];
+  uint32_t nonfinite[NCH];
+  for (int c = 0; c < NCH; c++) {
+    slot[c] = NAN;
+    nonfinite[c] = 99u;
+  }
+  mtopt__hyper_t h;
+  memset(&h, 0, sizeof h);
+  h.loss_scale = 3.0f;
+  p.hyper = &h;
+  p.slot_gsq = slot;
+  p.slot_nonfinite = nonfinite;
+  p.masks = masks;
+  p.all_f32 = 1;
+  mtopt_context_t *ctx = tu_cpu_context();
+  TU_OK(mtopt__cpu_ops.run_pass(ctx, &p, MTOPT__PASS_STATS, 0, NCH, NULL));
+  const float inv = mtopt__inv_loss_scale(&h);
+  for (int c = 0; c < NCH; c++) {
+    mtopt__sum_t sq[MTOPT__CPU_LANES] = {0.0};
+    uint32_t bad = 0;
+    for (int32_t i = 0; i < ch[c].len; i++) {
+      const int64_t e = ch[c].start + i;
+      if (!mtopt__mask_bit(mask, e)) continue;
+      const float y = g[e] * inv;
+      sq[i % MTOPT__CPU_LANES] += (mtopt__sum_t)y * y;
+      bad += !isfinite(y);
+    }
+    const mtopt__sum_t want = mtopt__cpu_fold(sq);
+    ck_assert_msg(slot[c] == want || (isnan(slot[c]) && isnan(want)),
+                  "chunk %d: %.17g, want %.17g", c, slot[c], want);
+    ck_assert_uint_eq(nonfinite[c], bad);
+  }
+  ck_assert_uint_eq(nonfinite[0], 1u);
+  ck_assert(slot[2] == 0.0 && isfinite(slot[1]) && isfinite(slot[3]) && isfinite(slot[4]));
+  mtopt_context_destroy(ctx);
+  free(g);
+}
+END_TEST
+
 Suite *cpu_paths_suite(void) {
   Suite *s = suite_create("cpu_paths");
   TCase *tc = tcase_create("tiles");
@@ -238,6 +309,7 @@ Suite *cpu_paths_suite(void) {
   tcase_add_loop_test(tc, test_update_tiles_equal_elements, 0,
                       (int)(sizeof kCases / sizeof kCases[0]));
   tcase_add_loop_test(tc, test_stats_tiles_equal_lanes, 0, 2);
+  tcase_add_test(tc, test_stats_runs_equal_lanes);
   suite_add_tcase(s, tc);
   return s;
 }

@@ -127,17 +127,43 @@ void mtopt__cpu_sumsq(const float *restrict x, int32_t n, float inv,
   memcpy(st->bad, bad, sizeof bad);
 }
 
-/* The chunk's statistics slots: fp32 gradients summed in place, others (and
- * segments with gaps) widened in tiles (cpu_tiles.c), so that every dtype
- * sums alike. */
+/* Adds the n gradients at x, the first of them element `pos` of its chunk,
+ * to the lanes as mtopt__cpu_sumsq over the whole chunk would: the head up
+ * to the next lane 0 one at a time, the rest from lane 0. */
+static void sumsq_at(const float *x, int32_t n, int64_t pos, float inv,
+                     mtopt__cpu_stats_t *st) {
+  const int lane = (int)(pos % MTOPT__CPU_LANES);
+  int32_t head = (MTOPT__CPU_LANES - lane) % MTOPT__CPU_LANES;
+  if (head > n) head = n;
+  for (int32_t k = 0; k < head; k++) {
+    const float y = x[k] * inv;
+    st->sq[lane + k] += (mtopt__sum_t)y * y;
+    st->bad[lane + k] += !isfinite(y);
+  }
+  mtopt__cpu_sumsq(x + head, n - head, inv, st);
+}
+
+/* The chunk's statistics slots: fp32 gradients summed in place (a segment
+ * with gaps run by run: a gap would add 0, so skipping it keeps the bits),
+ * others widened in tiles (cpu_tiles.c), so that every dtype sums alike. */
 static void stats_chunk(const mtopt__plan_t *p, int64_t c, float inv) {
   const mtopt__chunk_rec_t ch = p->chunks[c];
+  const float *g = p->tensors[ch.tensor].g;
+  const uint32_t *mask = mtopt__mask_of(p, ch.tensor);
   mtopt__cpu_stats_t st;
   memset(&st, 0, sizeof st);
-  if (p->all_f32 && !mtopt__mask_of(p, ch.tensor))
-    mtopt__cpu_sumsq(p->tensors[ch.tensor].g + ch.start, ch.len, inv, &st);
-  else
+  if (!p->all_f32) {
     mtopt__cpu_stats_tiles(p, c, inv, &st);
+  } else if (!mask) {
+    mtopt__cpu_sumsq(g + ch.start, ch.len, inv, &st);
+  } else {
+    const int64_t end = ch.start + ch.len;
+    for (int64_t a = mtopt__cpu_mask_find(mask, ch.start, end, 1); a < end;) {
+      const int64_t b = mtopt__cpu_mask_find(mask, a, end, 0);
+      sumsq_at(g + a, (int32_t)(b - a), a - ch.start, inv, &st);
+      a = mtopt__cpu_mask_find(mask, b, end, 1);
+    }
+  }
   uint32_t bad = 0;
   for (int j = 0; j < MTOPT__CPU_LANES; j++) bad += st.bad[j];
   p->slot_gsq[c] = mtopt__cpu_fold(st.sq);
@@ -236,31 +262,44 @@ static void lamb_moments_loop(const mtopt__scalars_t s, const float *restrict w,
   *usq_out = mtopt__cpu_fold(ul);
 }
 
+/* Elements [e, e + n) of an all-F32 record: AdamW, Adam and SGD are element
+ * by element, so any span gives the same bits. */
+static void update_span(const mtopt__plan_t *p, const mtopt__tensor_rec_t *t,
+                        const mtopt__scalars_t s, int64_t e, int32_t n) {
+  float *restrict w = t->w + e;
+  const float *restrict g = t->g + e;
+  switch (p->kind) {
+  case MTOPT__KIND_ADAMW:
+    adamw_chunk(s, w, g, t->s0 + e, t->s1 + e, n);
+    break;
+  case MTOPT__KIND_ADAM:
+    adam_chunk(s, w, g, t->s0 + e, t->s1 + e, n);
+    break;
+  default:
+    sgd_chunk(s, w, g, s.momentum != 0.0f ? t->s0 + e : NULL, n);
+    break;
+  }
+}
+
 static void update_chunk(const mtopt__plan_t *p, const mtopt__hyper_t *h, int64_t c) {
   const mtopt__chunk_rec_t ch = p->chunks[c];
   const mtopt__tensor_rec_t *t = &p->tensors[ch.tensor];
   const mtopt__scalars_t s = mtopt__chunk_scalars(h, &p->groups[t->group], t);
-  if (!p->all_f32 || mtopt__mask_of(p, ch.tensor)) { /* gaps: the tiles' masked stores */
+  if (!p->all_f32) {
     mtopt__cpu_update_mixed(p, h, &s, c);
-    return;
-  }
-  float *restrict w = t->w + ch.start;
-  const float *restrict g = t->g + ch.start;
-  const int32_t n = ch.len;
-  switch (p->kind) {
-  case MTOPT__KIND_ADAMW:
-    adamw_chunk(s, w, g, t->s0 + ch.start, t->s1 + ch.start, n);
-    break;
-  case MTOPT__KIND_ADAM:
-    adam_chunk(s, w, g, t->s0 + ch.start, t->s1 + ch.start, n);
-    break;
-  case MTOPT__KIND_SGD:
-    sgd_chunk(s, w, g, s.momentum != 0.0f ? t->s0 + ch.start : NULL, n);
-    break;
-  case MTOPT__KIND_LAMB:
-    lamb_moments_loop(s, w, g, t->s0 + ch.start, t->s1 + ch.start, n, &p->slot_wsq[c],
-                      &p->slot_usq[c]);
-    break;
+  } else if (p->kind == MTOPT__KIND_LAMB) { /* LAMB keeps its tensors: no masks */
+    lamb_moments_loop(s, t->w + ch.start, t->g + ch.start, t->s0 + ch.start, t->s1 + ch.start,
+                      ch.len, &p->slot_wsq[c], &p->slot_usq[c]);
+  } else if (!mtopt__mask_of(p, ch.tensor)) {
+    update_span(p, t, s, ch.start, ch.len);
+  } else { /* a segment with gaps: each run of tensor elements in place */
+    const uint32_t *mask = mtopt__mask_of(p, ch.tensor);
+    const int64_t end = ch.start + ch.len;
+    for (int64_t a = mtopt__cpu_mask_find(mask, ch.start, end, 1); a < end;) {
+      const int64_t b = mtopt__cpu_mask_find(mask, a, end, 0);
+      update_span(p, t, s, a, (int32_t)(b - a));
+      a = mtopt__cpu_mask_find(mask, b, end, 1);
+    }
   }
 }
 

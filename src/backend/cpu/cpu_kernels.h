@@ -57,4 +57,22 @@ typedef struct {
  * element, so that every element keeps its lane (backend_cpu.c). */
 MTOPT__HIDDEN void mtopt__cpu_sumsq(const float *x, int32_t n, float inv, mtopt__cpu_stats_t *st);
 
+/* ---- segments with gaps (plan.h: masks) ----
+ * The first element in [e, end) whose mask bit is `set` (1: a tensor's, 0: a
+ * gap), or end, a word of 32 bits at a time: the runs of a segment's tensor
+ * elements are [a, b) with a = find(e, 1), b = find(a, 0), found in a few
+ * operations per 32 elements, so the fp32 loops run over each run in place
+ * (an element at a time through the mask ran at 0.13-0.15 of a copy). */
+static inline int64_t mtopt__cpu_mask_find(const uint32_t *mask, int64_t e, int64_t end, int set) {
+  while (e < end) {
+    const uint32_t w = (set ? mask[e >> 5] : ~mask[e >> 5]) >> (e & 31);
+    if (w) {
+      e += __builtin_ctz(w);
+      return e < end ? e : end;
+    }
+    e = (e | 31) + 1;
+  }
+  return end;
+}
+
 #endif /* MTOPT_BACKEND_CPU_KERNELS_H */

@@ -5,9 +5,9 @@
  * array's dtype. The arithmetic per element is step_elem.h's, operation for
  * operation (the formulas of step_math.h, dtype.h's conversions and rounding,
  * the same stochastic-rounding draws), so the bits are those of the element
- * path and of the CUDA kernels; only the order of the work differs. Segments
- * with gaps (core/segments.c, fp32) come here too: their gaps are neither
- * read nor written. */
+ * path and of the CUDA kernels; only the order of the work differs. (The
+ * segments with gaps of core/segments.c are fp32: backend_cpu.c runs them in
+ * place, each run of tensor elements as a chunk of its own.) */
 #include <string.h>
 
 #include "../../common/step_elem.h"
@@ -16,16 +16,10 @@
 
 enum { TILE = 512 }; /* a multiple of MTOPT__CPU_LANES */
 
-/* x[k] = element e0 + k of an array of dtype dt; with a mask (a segment with
- * gaps: fp32), 0 in the gaps, which are not read (they may be another
- * allocation's bytes). */
+/* x[k] = element e0 + k of an array of dtype dt. */
 MTOPT__CPU_CLONES
-static void widen(const void *p, int dt, const uint32_t *mask, int64_t e0, int32_t n,
-                  float *restrict x) {
-  if (mask) {
-    for (int32_t k = 0; k < n; k++)
-      x[k] = mtopt__mask_bit(mask, e0 + k) ? ((const float *)p)[e0 + k] : 0.0f;
-  } else if (dt == MTOPT__DT_F32) {
+static void widen(const void *p, int dt, int64_t e0, int32_t n, float *restrict x) {
+  if (dt == MTOPT__DT_F32) {
     memcpy(x, (const float *)p + e0, (size_t)n * sizeof(float));
   } else if (dt == MTOPT__DT_BF16) {
     const uint16_t *restrict h = (const uint16_t *)p + e0;
@@ -74,16 +68,16 @@ static void narrow(void *p, int dt, int64_t e0, int32_t n, const float *restrict
 
 /* The weights of a tile: the master where there is one (mtopt__ld_weight). */
 MTOPT__CPU_CLONES
-static void widen_weight(const mtopt__tensor_rec_t *t, const uint32_t *mask, int64_t e0,
-                         int32_t n, float *restrict w) {
+static void widen_weight(const mtopt__tensor_rec_t *t, int64_t e0, int32_t n,
+                         float *restrict w) {
   if (t->mmode == MTOPT__MASTER_F32) {
-    widen(t->mw, MTOPT__DT_F32, NULL, e0, n, w);
+    widen(t->mw, MTOPT__DT_F32, e0, n, w);
   } else if (t->mmode == MTOPT__MASTER_REMAINDER) {
     const uint16_t *restrict p = (const uint16_t *)t->w + e0, *restrict q = (const uint16_t *)t->mw + e0;
 #pragma omp simd
     for (int32_t k = 0; k < n; k++) w[k] = mtopt__join_master(p[k], q[k]);
   } else {
-    widen(t->w, t->wdt, mask, e0, n, w);
+    widen(t->w, t->wdt, e0, n, w);
   }
 }
 
@@ -145,25 +139,16 @@ static void sgd_tile(const mtopt__scalars_t s, float *restrict w, const float *r
   for (int32_t k = 0; k < n; k++) mtopt__sgd_elem(&s, g[k], &w[k], &b[k]);
 }
 
-/* x[k] into element e0 + k of the fp32 array p where it is a tensor's. */
-static void store_masked(float *p, const uint32_t *mask, int64_t e0, int32_t n,
-                         const float *restrict x) {
-  for (int32_t k = 0; k < n; k++)
-    if (mtopt__mask_bit(mask, e0 + k)) p[e0 + k] = x[k];
-}
-
-/* The statistics of a chunk of 16-bit gradients, or of a segment with gaps:
- * tiles widened (the gaps as 0), then summed as fp32 gradients are (TILE
- * is a multiple of the lanes). */
+/* The statistics of a chunk of 16-bit gradients: tiles widened, then summed
+ * as fp32 gradients are (TILE is a multiple of the lanes). */
 void mtopt__cpu_stats_tiles(const mtopt__plan_t *p, int64_t c, float inv,
                             mtopt__cpu_stats_t *st) {
   const mtopt__chunk_rec_t ch = p->chunks[c];
   const mtopt__tensor_rec_t *t = &p->tensors[ch.tensor];
-  const uint32_t *mask = mtopt__mask_of(p, ch.tensor);
   float g[TILE];
   for (int32_t i = 0; i < ch.len; i += TILE) {
     const int32_t n = ch.len - i < TILE ? ch.len - i : TILE;
-    widen(t->g, t->gdt, mask, ch.start + i, n, g); /* a gap adds 0 and is finite */
+    widen(t->g, t->gdt, ch.start + i, n, g);
     mtopt__cpu_sumsq(g, n, inv, st);
   }
 }
@@ -172,7 +157,6 @@ void mtopt__cpu_update_tiles(const mtopt__plan_t *p, const mtopt__hyper_t *h,
                              const mtopt__scalars_t *s, int64_t c) {
   const mtopt__chunk_rec_t ch = p->chunks[c];
   const mtopt__tensor_rec_t *t = &p->tensors[ch.tensor];
-  const uint32_t *mask = mtopt__mask_of(p, ch.tensor);
   const mtopt__sr_t sr = mtopt__sr_for(p, h, t);
   const int adam = p->kind == MTOPT__KIND_ADAMW || p->kind == MTOPT__KIND_ADAM;
   const int buf = !adam && s->momentum != 0.0f; /* SGD with a momentum buffer */
@@ -183,22 +167,16 @@ void mtopt__cpu_update_tiles(const mtopt__plan_t *p, const mtopt__hyper_t *h,
   for (int32_t i = 0; i < ch.len; i += TILE) {
     const int32_t n = ch.len - i < TILE ? ch.len - i : TILE;
     const int64_t e0 = ch.start + i;
-    widen(t->g, t->gdt, mask, e0, n, g);
-    widen_weight(t, mask, e0, n, w);
+    widen(t->g, t->gdt, e0, n, g);
+    widen_weight(t, e0, n, w);
     if (sr.on) draws(&sr, t->sr_elem0 + e0, n, pm, vv);
-    if (adam || buf) widen(t->s0, t->sdt, mask, e0, n, m);
+    if (adam || buf) widen(t->s0, t->sdt, e0, n, m);
     else memset(m, 0, (size_t)n * sizeof(float));
     if (adam) {
-      widen(t->s1, t->sdt, mask, e0, n, v);
+      widen(t->s1, t->sdt, e0, n, v);
       adam_tile(*s, p->kind == MTOPT__KIND_ADAMW, w, g, m, v, n);
     } else {
       sgd_tile(*s, w, g, m, n);
-    }
-    if (mask) { /* a segment with gaps: fp32, no masters, no rounding */
-      store_masked(t->w, mask, e0, n, w);
-      if (adam || buf) store_masked(t->s0, mask, e0, n, m);
-      if (adam) store_masked(t->s1, mask, e0, n, v);
-      continue;
     }
     narrow_weight(t, e0, n, w, sr.on, pm);
     if (adam || buf) narrow(t->s0, t->sdt, e0, n, m, sr.on, pm, MTOPT__SR_SHIFT_S0);
