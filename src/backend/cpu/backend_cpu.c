@@ -143,26 +143,21 @@ static void sumsq_at(const float *x, int32_t n, int64_t pos, float inv,
   mtopt__cpu_sumsq(x + head, n - head, inv, st);
 }
 
-/* The chunk's statistics slots: fp32 gradients summed in place (a segment
- * with gaps run by run: a gap would add 0, so skipping it keeps the bits),
+/* The chunk's statistics slots: fp32 gradients summed in place, run by run
+ * (one run without gaps; a gap would add 0, so skipping it keeps the bits),
  * others widened in tiles (cpu_tiles.c), so that every dtype sums alike. */
 static void stats_chunk(const mtopt__plan_t *p, int64_t c, float inv) {
   const mtopt__chunk_rec_t ch = p->chunks[c];
-  const float *g = p->tensors[ch.tensor].g;
-  const uint32_t *mask = mtopt__mask_of(p, ch.tensor);
   mtopt__cpu_stats_t st;
   memset(&st, 0, sizeof st);
   if (!p->all_f32) {
     mtopt__cpu_stats_tiles(p, c, inv, &st);
-  } else if (!mask) {
-    mtopt__cpu_sumsq(g + ch.start, ch.len, inv, &st);
   } else {
-    const int64_t end = ch.start + ch.len;
-    for (int64_t a = mtopt__cpu_mask_find(mask, ch.start, end, 1); a < end;) {
-      const int64_t b = mtopt__cpu_mask_find(mask, a, end, 0);
+    const float *g = p->tensors[ch.tensor].g;
+    const uint32_t *mask = mtopt__mask_of(p, ch.tensor);
+    int64_t a, b = ch.start;
+    while (mtopt__cpu_next_run(mask, b, ch.start + ch.len, &a, &b))
       sumsq_at(g + a, (int32_t)(b - a), a - ch.start, inv, &st);
-      a = mtopt__cpu_mask_find(mask, b, end, 1);
-    }
   }
   uint32_t bad = 0;
   for (int j = 0; j < MTOPT__CPU_LANES; j++) bad += st.bad[j];
@@ -290,16 +285,11 @@ static void update_chunk(const mtopt__plan_t *p, const mtopt__hyper_t *h, int64_
   } else if (p->kind == MTOPT__KIND_LAMB) { /* LAMB keeps its tensors: no masks */
     lamb_moments_loop(s, t->w + ch.start, t->g + ch.start, t->s0 + ch.start, t->s1 + ch.start,
                       ch.len, &p->slot_wsq[c], &p->slot_usq[c]);
-  } else if (!mtopt__mask_of(p, ch.tensor)) {
-    update_span(p, t, s, ch.start, ch.len);
-  } else { /* a segment with gaps: each run of tensor elements in place */
+  } else { /* in place, run by run (a segment with gaps; one run without) */
     const uint32_t *mask = mtopt__mask_of(p, ch.tensor);
-    const int64_t end = ch.start + ch.len;
-    for (int64_t a = mtopt__cpu_mask_find(mask, ch.start, end, 1); a < end;) {
-      const int64_t b = mtopt__cpu_mask_find(mask, a, end, 0);
+    int64_t a, b = ch.start;
+    while (mtopt__cpu_next_run(mask, b, ch.start + ch.len, &a, &b))
       update_span(p, t, s, a, (int32_t)(b - a));
-      a = mtopt__cpu_mask_find(mask, b, end, 1);
-    }
   }
 }
 

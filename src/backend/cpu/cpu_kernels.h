@@ -59,10 +59,7 @@ MTOPT__HIDDEN void mtopt__cpu_sumsq(const float *x, int32_t n, float inv, mtopt_
 
 /* ---- segments with gaps (plan.h: masks) ----
  * The first element in [e, end) whose mask bit is `set` (1: a tensor's, 0: a
- * gap), or end, a word of 32 bits at a time: the runs of a segment's tensor
- * elements are [a, b) with a = find(e, 1), b = find(a, 0), found in a few
- * operations per 32 elements, so the fp32 loops run over each run in place
- * (an element at a time through the mask ran at 0.13-0.15 of a copy). */
+ * gap), or end, a word of 32 bits at a time. */
 static inline int64_t mtopt__cpu_mask_find(const uint32_t *mask, int64_t e, int64_t end, int set) {
   while (e < end) {
     const uint32_t w = (set ? mask[e >> 5] : ~mask[e >> 5]) >> (e & 31);
@@ -73,6 +70,19 @@ static inline int64_t mtopt__cpu_mask_find(const uint32_t *mask, int64_t e, int6
     e = (e | 31) + 1;
   }
   return end;
+}
+
+/* The next run [*a, *b) of tensor elements in [from, end) of a record with
+ * mask `mask` (NULL: no gaps, so [from, end) is one run); 0 when none is
+ * left. A chunk's runs: `for (b = start; mtopt__cpu_next_run(mask, b, end,
+ * &a, &b);)`. The fp32 loops then run over each run in place, found in a
+ * few operations per 32 elements (an element at a time through the mask ran
+ * at 0.13-0.15 of a copy). */
+static inline int mtopt__cpu_next_run(const uint32_t *mask, int64_t from, int64_t end,
+                                      int64_t *a, int64_t *b) {
+  *a = mask ? mtopt__cpu_mask_find(mask, from, end, 1) : from;
+  *b = mask ? mtopt__cpu_mask_find(mask, *a, end, 0) : end;
+  return *a < end;
 }
 
 #endif /* MTOPT_BACKEND_CPU_KERNELS_H */
