@@ -55,19 +55,24 @@ static void gaps_kept(const layout_t *L, int step) {
   free(w);
 }
 
-enum { SIZES_SMALL, SIZES_BIG, SIZES_OWN };
+enum { SIZES_SMALL, SIZES_BIG, SIZES_OWN, SIZES_LONG };
 
 /* Sizes: odd and small, one empty, one large amid them; under 4096 on
  * average (mtopt__small_tensors: pooled tensors merge across gaps), or
  * SIZES_BIG: a second large one, which lifts the mean over it (pooled tensors
  * then stay apart), or SIZES_OWN: 89 to 99 elements and one empty (tensors
  * each in its own allocation: the allocator's size classes put them a
- * similar few bytes apart). */
+ * similar few bytes apart), or SIZES_LONG: no large one, the last seven
+ * 6000 to 7000 elements (their run spans more than MTOPT__GAP_PLAN_CHUNK
+ * elements: the CUDA statistics pass's chunks too long to stage their mask
+ * words, stream_chunk.cuh). */
 static void sizes(tu_rng_t *rng, int64_t *numel, int kind) {
   for (int i = 0; i < NT; i++)
-    numel[i] = kind == SIZES_OWN ? tu_int(rng, 89, 99) | 1 : tu_int(rng, 1, 1500) | 1;
+    numel[i] = kind == SIZES_OWN                 ? tu_int(rng, 89, 99) | 1
+               : kind == SIZES_LONG && i >= 16 ? tu_int(rng, 6000, 7000) | 1
+                                               : tu_int(rng, 1, 1500) | 1;
   numel[4] = 0;
-  if (kind == SIZES_OWN) return;
+  if (kind == SIZES_OWN || kind == SIZES_LONG) return;
   numel[11] = MTOPT__SEGMENT_TENSOR_MAX + 3;
   numel[12] = 1;
   if (kind == SIZES_BIG) numel[20] = MTOPT__SEGMENT_TENSOR_MAX + 5;
@@ -337,6 +342,23 @@ static void masks_match(const mtopt_optimizer_t *op, const layout_t *P) {
   ck_assert_int_gt(checked, 100); /* the gaps were there, and masked */
 }
 
+/* SIZES_LONG, pooled (CPU; the chunk table is the backends' own): chunks
+ * with a mask both longer than MTOPT__GAP_PLAN_CHUNK and not, so that the
+ * CUDA statistics pass runs its chunks both with the mask words staged and
+ * without (stream_chunk.cuh). */
+static void long_and_short_masked(const mtopt_optimizer_t *op) {
+  if (tu_backend() != MTOPT_BACKEND_CPU) return;
+  const mtopt__plan_t *s = op->step_plan;
+  int64_t n_long = 0, n_short = 0;
+  for (int64_t c = 0; c < s->num_chunks; c++) {
+    if (!mtopt__mask_of(s, s->chunks[c].tensor)) continue;
+    n_long += s->chunks[c].len > MTOPT__GAP_PLAN_CHUNK;
+    n_short += s->chunks[c].len <= MTOPT__GAP_PLAN_CHUNK;
+  }
+  ck_assert_int_gt(n_long, 0);
+  ck_assert_int_gt(n_short, 0);
+}
+
 /* The same tensors packed (P, in context cp) and apart (A, in ca), the same
  * random weights, an optimizer over each; w and g are host staging. */
 typedef struct {
@@ -348,12 +370,14 @@ typedef struct {
 } pair_t;
 
 /* packed: make_layout's 1 (back to back), 2 (pooled) or 3 (own
- * allocations, sizes SIZES_OWN, the library's gradients); big: SIZES_BIG. */
+ * allocations, sizes SIZES_OWN, the library's gradients); kind: sizes()'s
+ * (SIZES_OWN where packed is 3). */
 static void pair_open(pair_t *x, tu_rng_t *rng, mtopt_backend_t be, mtopt_context_t *cp,
                       mtopt_context_t *ca, const mtopt_optimizer_config_t *c, int skew,
-                      int gmode, int packed, int big) {
+                      int gmode, int packed, int kind) {
   int64_t numel[NT];
-  sizes(rng, numel, packed == 3 ? SIZES_OWN : big ? SIZES_BIG : SIZES_SMALL);
+  const int big = kind == SIZES_BIG;
+  sizes(rng, numel, packed == 3 ? SIZES_OWN : kind);
   x->total = 0;
   for (int i = 0; i < NT; i++) x->total += numel[i];
   if (packed == 3) gmode = 2;
@@ -379,8 +403,9 @@ static void pair_open(pair_t *x, tu_rng_t *rng, mtopt_backend_t be, mtopt_contex
     ck_assert_ptr_eq(x->op->step_plan, &x->op->plan);
     ck_assert_int_eq(update_tensors(x->op), NT);
   } else {
-    /* 0-2 | 3,5 | 6 | 7-8 | 9-10 | 11 | 12-14 | 15 | 16.., big: 16-19 | 20 | 21-22 */
-    ck_assert_int_eq(update_tensors(x->op), big ? 11 : 9);
+    /* 0-2 | 3,5 | 6 | 7-8 | 9-10 | 11 | 12-14 | 15 | 16.., big: 16-19 | 20 | 21-22;
+     * long, 11 small: 9-14 one run */
+    ck_assert_int_eq(update_tensors(x->op), big ? 11 : kind == SIZES_LONG ? 7 : 9);
   }
 }
 
@@ -416,12 +441,15 @@ static void pair_close(pair_t *x) {
 /* _i: config (7) x chunk size (auto, 700) x gradients (make_layout's gmode)
  * x packed or pooled (84 cases); then a big table (14): config x packed or
  * pooled, automatic chunks, the caller's gradients; then own allocations
- * (6): the configs but LAMB. */
+ * (6): the configs but LAMB; then long runs (7): the configs, pooled, in
+ * 65536-element chunks, the gradients at the weights' residue or one
+ * element further (gmode 0 or 1). */
 START_TEST(test_packed_is_apart) {
-  const int big = _i >= 84 && _i < 98, own = _i >= 98, cfg = _i % 7;
-  const int packed = own ? 3 : (big ? _i >= 91 : _i >= 42) ? 2 : 1, pooled = packed == 2;
-  const int gmode = big || own ? 0 : (_i / 14) % 3;
-  const int64_t chunk = !big && !own && (_i / 7) % 2 ? 700 : 0;
+  const int big = _i >= 84 && _i < 98, own = _i >= 98 && _i < 104, lng = _i >= 104;
+  const int cfg = _i % 7;
+  const int packed = own ? 3 : lng ? 2 : (big ? _i >= 91 : _i >= 42) ? 2 : 1, pooled = packed == 2;
+  const int gmode = lng ? _i % 2 : big || own ? 0 : (_i / 14) % 3;
+  const int64_t chunk = lng ? 65536 : !big && !own && (_i / 7) % 2 ? 700 : 0;
   const mtopt_backend_t be = tu_backend();
   tu_rng_t rng;
   tu_rng_init(&rng, tu_seed() ^ (0x5e6u + (uint64_t)_i));
@@ -430,7 +458,8 @@ START_TEST(test_packed_is_apart) {
   mtopt_state_t s0;
   const mtopt_optimizer_config_t c = config_of(cfg, chunk, &nstate, &s0);
   pair_t x;
-  pair_open(&x, &rng, be, ctx, ctx, &c, (int)tu_int(&rng, 0, 3), gmode, packed, big);
+  pair_open(&x, &rng, be, ctx, ctx, &c, (int)tu_int(&rng, 0, 3), gmode, packed,
+            big ? SIZES_BIG : lng ? SIZES_LONG : SIZES_SMALL);
   const int merged = x.op->step_plan != &x.op->plan;
   mtopt_optimizer_info_t old = MTOPT_OPTIMIZER_INFO_INIT; /* an older caller's struct */
   old.struct_size = offsetof(mtopt_optimizer_info_t, update_tensors);
@@ -454,6 +483,7 @@ START_TEST(test_packed_is_apart) {
     if (pooled) gaps_kept(&x.P, step);
   }
   if (merged && pooled) masks_match(x.op, &x.P);
+  if (merged && lng) long_and_short_masked(x.op);
   pair_close(&x);
   TU_OK(mtopt_context_destroy(ctx));
 }
@@ -478,7 +508,7 @@ START_TEST(test_graph) {
   mtopt_state_t s0;
   const mtopt_optimizer_config_t c = config_of(1, 0, &nstate, &s0);
   pair_t x;
-  pair_open(&x, &rng, be, cg, ca, &c, 3, 0, 2, 0);
+  pair_open(&x, &rng, be, cg, ca, &c, 3, 0, 2, SIZES_SMALL);
   cudaGraph_t graph;
   cudaGraphExec_t exec;
   tu_capture_step(stream, cudaStreamCaptureModeThreadLocal, x.op, &graph, &exec);
@@ -572,7 +602,7 @@ int main(void) {
   Suite *s = suite_create("segments");
   TCase *tc = tcase_create("segments");
   tcase_set_timeout(tc, 120);
-  tcase_add_loop_test(tc, test_packed_is_apart, 0, 104);
+  tcase_add_loop_test(tc, test_packed_is_apart, 0, 111);
   tcase_add_test(tc, test_kept);
 #ifdef MTOPT_HAVE_CUDA
   tcase_add_test(tc, test_graph);

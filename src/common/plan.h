@@ -154,6 +154,11 @@ typedef struct {
   const uint32_t *const *masks;
 } mtopt__plan_t;
 
+/* The largest automatic chunk of a segment plan whose segments may span gaps
+ * (core/segments.c); the CUDA statistics pass stages a chunk's mask words up
+ * to this length in shared memory (stream_chunk.cuh). */
+#define MTOPT__GAP_PLAN_CHUNK 16384
+
 /* Record k's mask (plan.h: masks), or NULL. */
 MTOPT_HD const uint32_t *mtopt__mask_of(const mtopt__plan_t *p, int64_t k) {
   return p->masks ? p->masks[k] : 0;

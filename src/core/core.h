@@ -116,9 +116,6 @@ MTOPT__HIDDEN int64_t mtopt__chunk_table_at(const int64_t *numel, int64_t n,
 /* The widest gap a segment spans between two of its tensors, in elements:
  * 512 bytes, the granule PyTorch's caching allocator rounds tensors to. */
 #define MTOPT__SEGMENT_GAP_MAX 128
-/* The largest automatic chunk of a segment plan whose segments may span gaps
- * (core/segments.c). */
-#define MTOPT__GAP_PLAN_CHUNK 16384
 MTOPT__HIDDEN int64_t mtopt__segments(const mtopt__tensor_rec_t *recs, int64_t n, int gaps,
                                       mtopt__tensor_rec_t *segs, int64_t *first);
 /* The rule, which the slab's layout (core/layout.c) follows too: t may be a

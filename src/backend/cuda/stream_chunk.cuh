@@ -85,11 +85,41 @@ __device__ __forceinline__ void stream_chunk(float *const (&p)[N], int32_t len, 
   for (int k = 0; k < N; k++) q[k] = reinterpret_cast<float4 *>(p[k] + pro);
   /* The 4 bits of group i (15 without masks; 0 past the end); a group
    * whose first array (the gradient, in the statistics pass) lies at
-   * another residue than the span's takes its bits from two words. */
+   * another residue than the span's takes its bits from two words. The
+   * statistics pass (nothing stored) of a block first copies its chunk's
+   * words to shared memory, one load a thread, where they fit (chunks up
+   * to MTOPT__GAP_PLAN_CHUNK elements): its iterations are short, and each
+   * stage's loads waited on a word's round trip (153 -> 136 us for
+   * many-mixed's statistics kernel, perf_notes_gaps.md v25). The update
+   * passes read their words from global memory two stages ahead: staged,
+   * they ran no faster and executed more instructions. The warp kernels
+   * (plans of short chunks) keep the global words too: staged, not
+   * measured. */
   const int64_t eg = e0 + pro;
+  constexpr bool kStage = MASKED && STORE == 0u && TEAM == kBlock;
+  constexpr int kStageWords = MTOPT__GAP_PLAN_CHUNK / 32 + 2;
+  __shared__ uint32_t words[kStage ? kStageWords : 1];
+  const int32_t sh0 = (int32_t)(eg & 31);
+  bool staged = false;
+  if constexpr (kStage) {
+    const int64_t w0 = eg >> 5;
+    const int32_t nw = n4 > 0 ? (int32_t)(((eg + 4 * (int64_t)n4 - 1) >> 5) - w0 + 1) : 0;
+    staged = nw <= kStageWords;
+    if (staged) {
+      for (int32_t k = tid; k < nw; k += TEAM) words[k] = __ldg(mask + w0 + k);
+      __syncthreads(); /* a block steps one chunk: the words are not reused */
+    }
+  }
   auto bits = [&](int32_t i) -> unsigned {
     if constexpr (!MASKED) return 15u;
     if (i >= n4) return 0u;
+    if (kStage && staged) {
+      const int32_t o = sh0 + 4 * i;
+      const int sh = o & 31;
+      unsigned b = words[o >> 5] >> sh;
+      if (sh > 28) b |= words[(o >> 5) + 1] << (32 - sh);
+      return b & 15u;
+    }
     const int64_t e = eg + 4 * (int64_t)i;
     const int sh = (int)(e & 31);
     unsigned b = __ldg(mask + (e >> 5)) >> sh;
