@@ -443,7 +443,8 @@ static void pair_close(pair_t *x) {
  * pooled, automatic chunks, the caller's gradients; then own allocations
  * (6): the configs but LAMB; then long runs (7): the configs, pooled, in
  * 65536-element chunks, the gradients at the weights' residue or one
- * element further (gmode 0 or 1). */
+ * element further (gmode _i % 2: the two with a statistics pass, configs 1
+ * and 4 at _i 106 and 109, take one each). */
 START_TEST(test_packed_is_apart) {
   const int big = _i >= 84 && _i < 98, own = _i >= 98 && _i < 104, lng = _i >= 104;
   const int cfg = _i % 7;

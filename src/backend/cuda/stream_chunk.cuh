@@ -87,8 +87,10 @@ __device__ __forceinline__ void stream_chunk(float *const (&p)[N], int32_t len, 
    * whose first array (the gradient, in the statistics pass) lies at
    * another residue than the span's takes its bits from two words. The
    * statistics pass (nothing stored) of a block first copies its chunk's
-   * words to shared memory, one load a thread, where they fit (chunks up
-   * to MTOPT__GAP_PLAN_CHUNK elements): its iterations are short, and each
+   * words to shared memory, a few loads a thread, where they fit (the
+   * chunks of automatic sizes, up to MTOPT__GAP_PLAN_CHUNK elements; one
+   * array a block, so only where the team is the block, which steps one
+   * chunk): its iterations are short, and each
    * stage's loads waited on a word's round trip (153 -> 136 us for
    * many-mixed's statistics kernel, perf_notes_gaps.md v25). The update
    * passes read their words from global memory two stages ahead: staged,
