@@ -128,13 +128,20 @@ __device__ __forceinline__ void stream_chunk(float *const (&p)[N], int32_t len, 
     if (sh > 28) b |= __ldg(mask + (e >> 5) + 1) << (32 - sh);
     return b & 15u;
   };
+  /* The vector loads and stores carry the streaming hint (evict-first:
+   * each byte is used once), but in the masked update passes, where plain
+   * ones ran 4 points faster (the loads 3, the stores 1, only together;
+   * many-mixed fused 0.903 -> 0.947 of the copy, tiny-50k 0.870 -> 0.912,
+   * one H100), while the packed update lost 5 points on tiny-50k without
+   * them and the masked statistics pass 2 us: perf_notes_masked.md, v26. */
+  constexpr bool kHint = !(MASKED && STORE != 0u);
   auto load = [&](float4 (&r)[ILP][N], int32_t base, const unsigned (&b)[ILP]) {
 #pragma unroll
     for (int u = 0; u < ILP; u++) {
       const int32_t i = base + u * TEAM;
       if (i < n4 && (!MASKED || b[u] == 15u)) {
 #pragma unroll
-        for (int k = 0; k < N; k++) r[u][k] = __ldcs(q[k] + i);
+        for (int k = 0; k < N; k++) r[u][k] = kHint ? __ldcs(q[k] + i) : q[k][i];
       } else if (MASKED && b[u]) {
 #pragma unroll
         for (int j = 0; j < 4; j++)
@@ -174,7 +181,12 @@ __device__ __forceinline__ void stream_chunk(float *const (&p)[N], int32_t len, 
         if (!MASKED || br[u] == 15u) {
 #pragma unroll
           for (int k = 0; k < N; k++)
-            if (STORE & (1u << k)) __stcs(q[k] + i, r[u][k]);
+            if (STORE & (1u << k)) {
+              if (kHint)
+                __stcs(q[k] + i, r[u][k]);
+              else
+                q[k][i] = r[u][k];
+            }
         } else {
 #pragma unroll
           for (int j = 0; j < 4; j++)
