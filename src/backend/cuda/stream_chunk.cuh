@@ -133,7 +133,8 @@ __device__ __forceinline__ void stream_chunk(float *const (&p)[N], int32_t len, 
    * ones ran 4 points faster (the loads 3, the stores 1, only together;
    * many-mixed fused 0.903 -> 0.947 of the copy, tiny-50k 0.870 -> 0.912,
    * one H100), while the packed update lost 5 points on tiny-50k without
-   * them and the masked statistics pass 2 us: perf_notes_masked.md, v26. */
+   * them and the masked statistics pass 2 us: perf_notes_masked.md, v26;
+   * the masked warp kernel, the same loop, takes it unmeasured). */
   constexpr bool kHint = !(MASKED && STORE != 0u);
   auto load = [&](float4 (&r)[ILP][N], int32_t base, const unsigned (&b)[ILP]) {
 #pragma unroll
