@@ -408,12 +408,20 @@ constexpr int blocks_per_sm(int fl, int kind) {
   return fl == kFlavourMixed || fl == kFlavourNarrowSR ? 3 : 4;
 }
 
+/* The masked statistics pass takes its chunks last to first (one a block,
+ * slots per chunk: the same sums), so that the update, which starts at the
+ * first, finds the gradients read last still in L2 (with plain loads:
+ * stream_chunk.cuh): its statistics step +0.5 to 0.8 point on one H200
+ * (perf_notes_masked.md, v27). The other flavours keep the order, not
+ * measured in reverse. */
 template <int PASS, int KIND, int FL>
 __global__ void __launch_bounds__(kBlock, blocks_per_sm(FL, KIND))
     block_kernel(mtopt__plan_t p, int64_t c0, int slices) {
   __shared__ ChunkView v;
+  constexpr bool kReverse = PASS == MTOPT__PASS_STATS && FL == kFlavourF32Masked;
+  const unsigned b = kReverse ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
   do_chunk<kBlock, PASS, KIND, !flavour_f32(FL), FL == kFlavourNarrowSR, FL == kFlavourF32Masked>(
-      p, c0 + blockIdx.x / slices, (int)(blockIdx.x % slices), slices, v);
+      p, c0 + b / slices, (int)(b % slices), slices, v);
   finish_block<PASS>(p, 1u, p.num_chunks * slices);
 }
 

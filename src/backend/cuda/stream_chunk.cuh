@@ -129,13 +129,16 @@ __device__ __forceinline__ void stream_chunk(float *const (&p)[N], int32_t len, 
     return b & 15u;
   };
   /* The vector loads and stores carry the streaming hint (evict-first:
-   * each byte is used once), but in the masked update passes, where plain
-   * ones ran 4 points faster (the loads 3, the stores 1, only together;
-   * many-mixed fused 0.903 -> 0.947 of the copy, tiny-50k 0.870 -> 0.912,
-   * one H100), while the packed update lost 5 points on tiny-50k without
-   * them and the masked statistics pass 2 us: perf_notes_masked.md, v26;
-   * the masked warp kernel, the same loop, takes it unmeasured). */
-  constexpr bool kHint = !(MASKED && STORE != 0u);
+   * each byte is used once) but in the masked passes. The masked update
+   * ran 4 points faster with plain ones (the loads 3, the stores 1, only
+   * together; many-mixed fused 0.903 -> 0.947 of the copy, tiny-50k 0.870
+   * -> 0.912, one H100), while the packed update lost 5 points on tiny-50k
+   * without them (perf_notes_masked.md, v26). The masked statistics pass
+   * reads plainly too, so that the gradients it reads last, the update's
+   * first (step_kernels.cuh: block_kernel), stay in L2: its statistics
+   * step +0.5 to 0.8 point on one H200 (v27). The masked warp kernel, the
+   * same loop, takes them unmeasured. */
+  constexpr bool kHint = !MASKED;
   auto load = [&](float4 (&r)[ILP][N], int32_t base, const unsigned (&b)[ILP]) {
 #pragma unroll
     for (int u = 0; u < ILP; u++) {
