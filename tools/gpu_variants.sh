@@ -41,7 +41,8 @@ DTYPES=${DTYPES:-bf16-master}
 BUDGET=${BUDGET:-560}
 RES=$(mktemp -d)
 NAMES=()
-JOBS=$(( $(nproc) / $# > 1 ? $(nproc) / $# : 1 ))
+BUILDS=$(printf '%s\n' "$@" | grep -vc %)
+JOBS=$(( BUILDS > 0 && $(nproc) / BUILDS > 1 ? $(nproc) / BUILDS : 1 ))
 declare -A BIN LIB
 for v in "$@"; do
   case $v in *%*)
@@ -81,7 +82,7 @@ for d in $DTYPES; do
   for name in "${NAMES[@]}"; do
     if [ "$SECONDS" -gt "$BUDGET" ]; then
       echo "out of time at ${SECONDS}s" | tee -a "$OUT/summary.txt"
-      break 2
+      break 3 # variants, rounds and dtypes
     fi
     json=$RES/$name-$d-$round.json
     opt=adamw
