@@ -407,6 +407,13 @@ static void pair_open(pair_t *x, tu_rng_t *rng, mtopt_backend_t be, mtopt_contex
      * long, 11 small: 9-14 one run */
     ck_assert_int_eq(update_tensors(x->op), big ? 11 : kind == SIZES_LONG ? 7 : 9);
   }
+  /* The kernels read a segment's gaps (MTOPT__FLAG_WHOLE_GROUPS) only on
+   * CUDA and only where each array's span is one allocation: pooled, every
+   * segment with gaps; own allocations (w), none. */
+  const mtopt_optimizer_t *o = x->op;
+  if (packed == 2 && c->kind != MTOPT_OPTIMIZER_LAMB && !big)
+    ck_assert_int_gt(o->gap_segments, 0);
+  ck_assert_int_eq(o->whole_segments, packed == 2 && be == MTOPT_BACKEND_CUDA ? o->gap_segments : 0);
 }
 
 /* The gradient arrays of a side: its own, or the library's. */

@@ -14,7 +14,10 @@
 #   tools/variant_libs.sh BUILD OUT NAME=[FLAGS:SRC[,SRC...]] ...
 #
 # OUT/NAME/libmtopt.so.0 for each variant (NAME= alone: BUILD's own
-# library), OUT/mtopt_bench (BUILD's), and OUT.tar.xz of them all. Carry
+# library), OUT/mtopt_bench (BUILD's), and OUT.tar.xz of them all. A SRC
+# under another checkout of the tree (DIR/src/..., e.g. an earlier commit's
+# `git archive COMMIT | tar -x -C .variants/COMMIT`) replaces the source of
+# the same path: the baseline of a change, in the same run. Carry
 # the .tar.xz (git-ignored under .variants/), unpack it on the GPU host
 # in the same place (tar xJf), and time them there:
 #   tools/variant_libs.sh build-v .variants/v base= new=-DEXP_X:src/backend/cuda/pass_stats.cu
@@ -22,7 +25,7 @@
 #     BENCH=.variants/v/mtopt_bench tools/gpu_variants.sh RES base%.variants/v/base \
 #       new%.variants/v/new
 set -eu -o pipefail
-[ $# -ge 3 ] || { sed -n '2,24p' "$0"; exit 2; }
+[ $# -ge 3 ] || { sed -n '2,27p' "$0"; exit 2; }
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BUILD=$(cd "$1" && pwd)
 mkdir -p "$2"
@@ -47,8 +50,11 @@ for v in "$@"; do
     read -r -a extra <<<"${spec%%:*}"
     IFS=, read -r -a srcs <<<"${spec#*:}"
     for src in "${srcs[@]}"; do
-      obj=CMakeFiles/mtopt_core_objects.dir/$src.o
-      grep -qxF "$obj" <<<"$objects" || { echo "$src: not a source of $BUILD's library"; exit 1; }
+      rel=$src # DIR/src/...: the object of src/...
+      until obj=CMakeFiles/mtopt_core_objects.dir/$rel.o; grep -qxF "$obj" <<<"$objects"; do
+        [ "$rel" != "${rel#*/}" ] || { echo "$src: not a source of $BUILD's library"; exit 1; }
+        rel=${rel#*/}
+      done
       mine=$dir/obj/$(basename "$src").o
       (cd "$BUILD" && "$NVCC" "${defines[@]}" "${includes[@]}" "${cflags[@]}" "${extra[@]}" \
         -x cu -c "$ROOT/$src" -o "$mine")

@@ -31,6 +31,11 @@ typedef struct mtopt__backend_ops {
   /* Checks that [ptr, ptr+bytes) is memory this backend's kernels can use. */
   mtopt_status_t (*check_pointer)(mtopt_context_t *ctx, const void *ptr, size_t bytes,
                                   const char *what, int64_t tensor);
+  /* 1 if [ptr, ptr+bytes) lies in one allocation, so that a kernel may read
+   * any byte of it (core/segments.c: MTOPT__FLAG_WHOLE_GROUPS); 0 if not, or
+   * if the backend cannot tell. NULL: the backend's kernels never read gaps
+   * (the CPU's masked loops go element by element). */
+  int (*one_allocation)(mtopt_context_t *ctx, const void *ptr, size_t bytes);
   /* Enqueues (CUDA) or runs (CPU) one pass over chunks [c0, c1) of the plan.
    * A step is the passes mtopt__step_passes lists, each over all chunks,
    * possibly in several ranges (the distributed layer runs a pass per

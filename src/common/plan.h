@@ -30,6 +30,11 @@
 #define MTOPT__KIND_LAMB 3
 
 #define MTOPT__FLAG_NO_WEIGHT_DECAY 0x1u
+/* Library-set, on a segment plan's records with gaps (core/segments.c): each
+ * array's span lies in one allocation, so the kernels may read its gaps (a
+ * 16-byte group loaded whole); without it they read only the tensors'
+ * elements. No pass ever writes a gap. */
+#define MTOPT__FLAG_WHOLE_GROUPS 0x2u
 
 /* The passes a step may have (mtopt__step_passes lists a plan's, in order). */
 typedef enum {

@@ -47,6 +47,9 @@ struct mtopt_optimizer {
    * tensors merge into segments (core/segments.c). */
   const mtopt__plan_t *step_plan;
   mtopt__plan_t segment_plan; /* pointers into dev_segments */
+  /* Its records with gaps, and of those the ones the kernels may read whole
+   * (MTOPT__FLAG_WHOLE_GROUPS): planning facts for tests. */
+  int64_t gap_segments, whole_segments;
   mtopt__tensor_rec_t *tensors_host;
   int64_t total_numel;
   int64_t state_bytes;

@@ -6,7 +6,8 @@
  * gaps: core/layout.c), and share group and flags, is stepped, in the
  * statistics and update passes of AdamW, Adam and SGD, as one tensor of its
  * span, a mask telling the gaps (plan.h), which no pass writes or sums
- * (read, they may be: a kernel loads a 16-byte group whole). The updates
+ * (the CUDA kernels read them, loading 16-byte groups whole, where each
+ * array's span lies in one allocation: MTOPT__FLAG_WHOLE_GROUPS). The updates
  * are elementwise, with scalars that depend only on the hyperparameters, the
  * group and the flags, so every bit is the same; what changes is the chunk
  * table: long contiguous chunks where there were one or a few short ones per
@@ -122,6 +123,18 @@ static int64_t segment_masks(const mtopt__tensor_rec_t *recs, const mtopt__tenso
   return nw;
 }
 
+/* Whether each array's span of segment s lies in one allocation (plan.h:
+ * MTOPT__FLAG_WHOLE_GROUPS). The kernels' 16-byte groups lie inside the
+ * span: its ends go element by element (stream_chunk.cuh). */
+static int whole_groups(mtopt_context_t *ctx, const mtopt__tensor_rec_t *s) {
+  if (!ctx->ops->one_allocation) return 0;
+  const float *const arr[4] = {s->w, s->g, s->s0, s->s1};
+  for (int k = 0; k < 4; k++)
+    if (arr[k] && !ctx->ops->one_allocation(ctx, arr[k], (size_t)s->numel * sizeof(float)))
+      return 0;
+  return 1;
+}
+
 /* Backend memory of the segment plan: its tensor records, its chunk records,
  * its statistics slots (a sum of squares and a non-finite count per chunk),
  * then, where some segment has gaps, a mask pointer per segment and the
@@ -203,6 +216,14 @@ mtopt_status_t mtopt__build_step_plan(mtopt_optimizer_t *opt, int64_t chunk_size
   char *base = opt->dev_segments;
   segment_masks(opt->tensors_host, segs, member0, nseg, n, words,
                 (const uint32_t *)(base + at[4]), ptrs);
+  for (int64_t k = 0; k < nseg; k++) {
+    if (!ptrs[k]) continue;
+    opt->gap_segments++;
+    if (whole_groups(ctx, &segs[k])) {
+      segs[k].flags |= MTOPT__FLAG_WHOLE_GROUPS;
+      opt->whole_segments++;
+    }
+  }
   CHECK_GOTO(ctx->ops->upload(ctx, base, segs, (size_t)nseg * sizeof *segs), st, done);
   CHECK_GOTO(ctx->ops->upload(ctx, base + at[0], chunks, (size_t)nchunks * sizeof *chunks), st,
              done);

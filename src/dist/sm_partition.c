@@ -1,16 +1,16 @@
 /* CUDA green contexts for mtopt__sm_partition_t (sm_partition.h).
  *
- * The driver functions are looked up at run time through the runtime
- * (cudaGetDriverEntryPointByVersion, CUDA 12.5+), at the version of the
- * cuda.h we compile against, so the library does not link libcuda and the
- * structures we pass match the functions we get. A stream of a green context
- * is an ordinary stream to the runtime: kernels launched on it run on that
- * context's SMs, read memory of the primary context, and take part in event
- * waits with streams of other contexts of the device. */
+ * The driver functions are looked up at run time (mtopt__driver_fn), at the
+ * version of the cuda.h we compile against, so the library does not link
+ * libcuda and the structures we pass match the functions we get. A stream
+ * of a green context is an ordinary stream to the runtime: kernels launched
+ * on it run on that context's SMs, read memory of the primary context, and
+ * take part in event waits with streams of other contexts of the device. */
 #include <stdlib.h>
 
 #include <cuda.h>
 
+#include "../backend/cuda/cuda_glue.h"
 #include "sm_partition.h"
 
 #if defined(CUDART_VERSION) && CUDART_VERSION >= 12050 && CUDA_VERSION >= 12050
@@ -53,15 +53,8 @@ static int load_driver(driver_t *d) {
       {"cuStreamDestroy", (void **)&d->stream_destroy},
       {"cuGetErrorName", (void **)&d->error_name},
   };
-  for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
-    enum cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
-    if (cudaGetDriverEntryPointByVersion(want[i].name, want[i].fn, CUDA_VERSION,
-                                         cudaEnableDefault, &q) != cudaSuccess ||
-        q != cudaDriverEntryPointSuccess || !*want[i].fn) {
-      (void)cudaGetLastError(); /* not a launch error to report later */
-      return 0;
-    }
-  }
+  for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
+    if (!(*want[i].fn = mtopt__driver_fn(want[i].name))) return 0;
   return 1;
 }
 

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <cuda.h>
 #include <cuda_runtime_api.h>
 
 #include "../backend.h"
@@ -24,6 +25,8 @@
 typedef struct {
   cudaStream_t stream; /* 0: the legacy default stream */
   int sm_count;        /* multiprocessors of the device, read at init */
+  /* cuPointerGetAttribute (mtopt__driver_fn), or NULL */
+  __typeof__(&cuPointerGetAttribute) pointer_attr;
 } cuda_state_t;
 
 static cuda_state_t *state_of(const mtopt_context_t *ctx) {
@@ -42,6 +45,21 @@ mtopt_status_t mtopt__cuda_fail(mtopt_context_t *ctx, cudaError_t e, const char 
     cudaError_t cuda_e_ = (call);                                              \
     if (cuda_e_ != cudaSuccess) return mtopt__cuda_fail((ctx), cuda_e_, (what)); \
   } while (0)
+
+void *mtopt__driver_fn(const char *name) {
+#if defined(CUDART_VERSION) && CUDART_VERSION >= 12050 && CUDA_VERSION >= 12050
+  void *fn = NULL;
+  enum cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+  if (cudaGetDriverEntryPointByVersion(name, &fn, CUDA_VERSION, cudaEnableDefault, &q) ==
+          cudaSuccess &&
+      q == cudaDriverEntryPointSuccess)
+    return fn;
+  (void)cudaGetLastError(); /* not a launch error to report later */
+#else
+  (void)name;
+#endif
+  return NULL;
+}
 
 mtopt_status_t mtopt__device_enter(mtopt_context_t *ctx, mtopt__device_guard_t *g) {
   g->switched = 0;
@@ -83,6 +101,7 @@ static mtopt_status_t cuda_init(mtopt_context_t *ctx) {
   if (!s) return mtopt__error(ctx, MTOPT_STATUS_OUT_OF_MEMORY, "CUDA context: calloc failed");
   s->stream = 0;
   s->sm_count = sms;
+  s->pointer_attr = (__typeof__(&cuPointerGetAttribute))mtopt__driver_fn("cuPointerGetAttribute");
   mtopt__context_set_backend_state(ctx, s);
   return MTOPT_STATUS_SUCCESS;
 }
@@ -230,6 +249,24 @@ static mtopt_status_t cuda_check_pointer(mtopt_context_t *ctx, const void *p, si
   return st;
 }
 
+/* The driver's range of the allocation holding p (a cudaMalloc'd block; a
+ * caching allocator's segment of many tensors). */
+static int cuda_one_allocation(mtopt_context_t *ctx, const void *p, size_t bytes) {
+  const cuda_state_t *s = state_of(ctx);
+  if (!s->pointer_attr || bytes == 0) return 0;
+  mtopt__device_guard_t g;
+  if (mtopt__device_enter(ctx, &g) != MTOPT_STATUS_SUCCESS) return 0;
+  const CUdeviceptr at = (CUdeviceptr)(uintptr_t)p;
+  CUdeviceptr start = 0;
+  size_t size = 0;
+  const int in = s->pointer_attr(&start, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, at) ==
+                     CUDA_SUCCESS &&
+                 s->pointer_attr(&size, CU_POINTER_ATTRIBUTE_RANGE_SIZE, at) == CUDA_SUCCESS &&
+                 at >= start && bytes <= size && at - start <= size - bytes;
+  mtopt__device_leave(&g);
+  return in;
+}
+
 /* ---- the step ---- */
 
 static mtopt_status_t cuda_run_pass(mtopt_context_t *ctx, const mtopt__plan_t *plan,
@@ -300,6 +337,7 @@ static const mtopt__backend_ops_t cuda_ops = {
     .write_ordered = cuda_write_ordered,
     .zero_ordered = cuda_zero_ordered,
     .check_pointer = cuda_check_pointer,
+    .one_allocation = cuda_one_allocation,
     .run_pass = cuda_run_pass,
     .synchronize = cuda_synchronize,
     .finish_stats = cuda_finish_stats,

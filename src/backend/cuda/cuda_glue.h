@@ -1,6 +1,6 @@
 /* What the host files that talk to the CUDA runtime share (backend_cuda.c,
- * which defines these, and the distributed layer's NCCL transport): the error
- * mapping and the device guard. Exported from libmtopt (MTOPT__INTERNAL) for
+ * which defines these, and the distributed layer's NCCL transport and SM
+ * partition): the error mapping, the device guard and the driver lookup. Exported from libmtopt (MTOPT__INTERNAL) for
  * libmtopt_dist. Only files built with CUDA include it. */
 #ifndef MTOPT_CUDA_GLUE_H
 #define MTOPT_CUDA_GLUE_H
@@ -28,5 +28,11 @@ typedef struct {
 MTOPT__INTERNAL mtopt_status_t mtopt__device_enter(mtopt_context_t *ctx,
                                                  mtopt__device_guard_t *g);
 MTOPT__INTERNAL void mtopt__device_leave(const mtopt__device_guard_t *g);
+
+/* The driver function `name` at the version of the cuda.h we compile
+ * against, looked up through the runtime (cudaGetDriverEntryPointByVersion,
+ * CUDA 12.5+), so that the library does not link libcuda; NULL where the
+ * runtime or the driver lacks it. */
+MTOPT__INTERNAL void *mtopt__driver_fn(const char *name);
 
 #endif /* MTOPT_CUDA_GLUE_H */

@@ -163,6 +163,7 @@ struct ChunkView {
   int64_t start;
   mtopt__sr_t sr;
   const uint32_t *mask; /* MASKED kernels: the record's (a segment with gaps), or NULL */
+  bool whole;           /* and its flag MTOPT__FLAG_WHOLE_GROUPS (stream_chunk) */
 };
 
 /* Slice k of `slices` of chunk c (one slice: the whole chunk). The slices are
@@ -189,7 +190,10 @@ __device__ __forceinline__ void load_view(const mtopt__plan_t &p, int64_t c, int
   v.s1 = t->s1 ? t->s1 + ch.start : nullptr;
   v.len = ch.len;
   if constexpr (MIXED || MASKED) v.start = ch.start;
-  if constexpr (MASKED) v.mask = p.masks[ch.tensor];
+  if constexpr (MASKED) {
+    v.mask = p.masks[ch.tensor];
+    v.whole = (t->flags & MTOPT__FLAG_WHOLE_GROUPS) != 0u;
+  }
   v.first_chunk = t->first_chunk;
   v.num_chunks = t->num_chunks;
   v.skip = PASS != MTOPT__PASS_STATS && h->skip != 0;
@@ -269,13 +273,13 @@ __device__ __forceinline__ float lamb_chunk_step(const mtopt__plan_t &p, const C
 /* ---- one chunk of each pass, by a team (a block or a warp) ---- */
 
 /* The all-F32 arrays of v through stream_chunk; in MASKED kernels (plans with
- * segments with gaps) a chunk with a mask reads and writes only its
- * tensors' elements. */
+ * segments with gaps) a chunk with a mask writes only its tensors' elements
+ * (and reads only them, unless its arrays are whole allocations). */
 template <int TEAM, int N, unsigned STORE, bool MASKED, class F>
 __device__ __forceinline__ void stream_view(const ChunkView &v, float *const (&arr)[N], F &op) {
   if constexpr (MASKED) {
     if (v.mask) {
-      stream_chunk<TEAM, N, STORE, true>(arr, v.len, op, v.mask, v.start);
+      stream_chunk<TEAM, N, STORE, true>(arr, v.len, op, v.mask, v.start, v.whole);
       return;
     }
   }

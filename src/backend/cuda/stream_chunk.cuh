@@ -41,14 +41,18 @@ __device__ __forceinline__ float &lane_of(float4 &v, int j) {
  *
  * MASKED (a segment with gaps, plan.h; mask NULL: none in this chunk): only
  * the elements whose bit of mask is set, element i of the chunk being element
- * e0 + i of the record, are read, passed to f and written; the gaps are never
- * touched: a whole group moves as one vector, a part of one element by
- * element, a gap not at all. A
- * thread's mask words are read two stages ahead of its data, so that the
- * test before each load does not wait on memory. */
+ * e0 + i of the record, are passed to f and written; the gaps are never
+ * written: a whole group is stored as one vector, a part of one element by
+ * element. Read, without `whole`, are only the tensors' elements (a part of
+ * a group element by element, a gap group not at all), and a thread's mask
+ * words are read two stages ahead of its data, so that the test before each
+ * load does not wait on memory; with `whole` (the record's arrays each lie in
+ * one allocation: MTOPT__FLAG_WHOLE_GROUPS) every group is loaded as one
+ * vector, gaps too, and no load waits on a mask word. */
 template <int TEAM, int N, unsigned STORE, bool MASKED = false, class F>
 __device__ __forceinline__ void stream_chunk(float *const (&p)[N], int32_t len, F &f,
-                                             const uint32_t *mask = nullptr, int64_t e0 = 0) {
+                                             const uint32_t *mask = nullptr, int64_t e0 = 0,
+                                             bool whole = false) {
   const int tid = team_lane<TEAM>();
   const unsigned r0 = (unsigned)((uintptr_t)p[0] & 15u);
   bool same = true;
@@ -83,6 +87,40 @@ __device__ __forceinline__ void stream_chunk(float *const (&p)[N], int32_t len, 
   float4 *q[N];
 #pragma unroll
   for (int k = 0; k < N; k++) q[k] = reinterpret_cast<float4 *>(p[k] + pro);
+  /* The vector loads and stores carry the streaming hint (evict-first:
+   * each byte is used once) but in the masked passes. The masked update
+   * ran 4 points faster with plain ones (the loads 3, the stores 1, only
+   * together; many-mixed fused 0.903 -> 0.947 of the copy, tiny-50k 0.870
+   * -> 0.912, one H100), while the packed update lost 5 points on tiny-50k
+   * without them (perf_notes_masked.md, v26). The masked statistics pass
+   * reads plainly too, so that the gradients it reads last, the update's
+   * first (step_kernels.cuh: block_kernel), stay in L2: its statistics
+   * step +0.5 to 0.8 point on one H200 (v27). The masked warp kernel, the
+   * same loop, takes them unmeasured. */
+  constexpr bool kHint = !MASKED;
+  auto load = [&](float4 (&r)[ILP][N], int32_t base, const unsigned (&b)[ILP]) {
+#pragma unroll
+    for (int u = 0; u < ILP; u++) {
+      const int32_t i = base + u * TEAM;
+      if (i < n4 && (!MASKED || whole || b[u] == 15u)) {
+#pragma unroll
+        for (int k = 0; k < N; k++) r[u][k] = kHint ? __ldcs(q[k] + i) : q[k][i];
+      } else if (MASKED && b[u]) {
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+          if ((b[u] >> j) & 1u)
+#pragma unroll
+            for (int k = 0; k < N; k++) lane_of(r[u][k], j) = p[k][pro + 4 * i + j];
+      }
+    }
+  };
+
+  float4 r[ILP][N], next[ILP][N];
+  /* whole: the first stage's loads go before the mask words are fetched */
+  if (MASKED && whole) {
+    const unsigned none[ILP] = {};
+    load(r, tid, none);
+  }
   /* The 4 bits of group i (15 without masks; 0 past the end); a group
    * whose first array (the gradient, in the statistics pass) lies at
    * another residue than the span's takes its bits from two words. The
@@ -128,42 +166,13 @@ __device__ __forceinline__ void stream_chunk(float *const (&p)[N], int32_t len, 
     if (sh > 28) b |= __ldg(mask + (e >> 5) + 1) << (32 - sh);
     return b & 15u;
   };
-  /* The vector loads and stores carry the streaming hint (evict-first:
-   * each byte is used once) but in the masked passes. The masked update
-   * ran 4 points faster with plain ones (the loads 3, the stores 1, only
-   * together; many-mixed fused 0.903 -> 0.947 of the copy, tiny-50k 0.870
-   * -> 0.912, one H100), while the packed update lost 5 points on tiny-50k
-   * without them (perf_notes_masked.md, v26). The masked statistics pass
-   * reads plainly too, so that the gradients it reads last, the update's
-   * first (step_kernels.cuh: block_kernel), stay in L2: its statistics
-   * step +0.5 to 0.8 point on one H200 (v27). The masked warp kernel, the
-   * same loop, takes them unmeasured. */
-  constexpr bool kHint = !MASKED;
-  auto load = [&](float4 (&r)[ILP][N], int32_t base, const unsigned (&b)[ILP]) {
-#pragma unroll
-    for (int u = 0; u < ILP; u++) {
-      const int32_t i = base + u * TEAM;
-      if (i < n4 && (!MASKED || b[u] == 15u)) {
-#pragma unroll
-        for (int k = 0; k < N; k++) r[u][k] = kHint ? __ldcs(q[k] + i) : q[k][i];
-      } else if (MASKED && b[u]) {
-#pragma unroll
-        for (int j = 0; j < 4; j++)
-          if ((b[u] >> j) & 1u)
-#pragma unroll
-            for (int k = 0; k < N; k++) lane_of(r[u][k], j) = p[k][pro + 4 * i + j];
-      }
-    }
-  };
-
-  float4 r[ILP][N], next[ILP][N];
   unsigned br[ILP], bn[ILP], ba[ILP]; /* the bits of r, of next, of the stage after */
 #pragma unroll
   for (int u = 0; u < ILP; u++) {
     br[u] = bits(tid + u * TEAM);
     bn[u] = bits(tid + (ILP + u) * TEAM);
   }
-  load(r, tid, br);
+  if (!(MASKED && whole)) load(r, tid, br);
   for (int32_t base = tid; base < n4; base += TEAM * ILP) {
 #pragma unroll
     for (int u = 0; u < ILP; u++) ba[u] = bits(base + (2 * ILP + u) * TEAM);
