@@ -413,7 +413,8 @@ static void pair_open(pair_t *x, tu_rng_t *rng, mtopt_backend_t be, mtopt_contex
   const mtopt_optimizer_t *o = x->op;
   if (packed == 2 && c->kind != MTOPT_OPTIMIZER_LAMB && !big)
     ck_assert_int_gt(o->gap_segments, 0);
-  ck_assert_int_eq(o->whole_segments, packed == 2 && be == MTOPT_BACKEND_CUDA ? o->gap_segments : 0);
+  const int64_t whole = packed == 2 && be == MTOPT_BACKEND_CUDA ? o->gap_segments : 0;
+  ck_assert_int_eq(o->whole_segments, whole);
 }
 
 /* The gradient arrays of a side: its own, or the library's. */

@@ -1,7 +1,8 @@
 /* What the host files that talk to the CUDA runtime share (backend_cuda.c,
  * which defines these, and the distributed layer's NCCL transport and SM
- * partition): the error mapping, the device guard and the driver lookup. Exported from libmtopt (MTOPT__INTERNAL) for
- * libmtopt_dist. Only files built with CUDA include it. */
+ * partition): the error mapping, the device guard and the driver lookup.
+ * Exported from libmtopt (MTOPT__INTERNAL) for libmtopt_dist. Only files
+ * built with CUDA include it. */
 #ifndef MTOPT_CUDA_GLUE_H
 #define MTOPT_CUDA_GLUE_H
 
