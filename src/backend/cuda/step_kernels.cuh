@@ -403,11 +403,13 @@ constexpr int kFlavourF32 = 0, kFlavourMixed = 1, kFlavourNarrow = 2, kFlavourMi
  * gaps: stream_view), apart so that the plain one's code is as it was. */
 __host__ __device__ constexpr bool flavour_f32(int fl) { return fl == kFlavourF32 || fl == kFlavourF32Masked; }
 
-constexpr int blocks_per_sm(int fl, int kind) {
+constexpr int blocks_per_sm(int pass, int fl, int kind) {
   /* the masked flavour's block kernel: 4 blocks for every kind (AdamW 64
    * registers; many-mixed 0.862 of the copy against 0.835 at 3, SGD 0.863
-   * against 0.827: perf_notes_gaps.md v22; its warp kernel: 3, below) */
-  if (fl == kFlavourF32Masked) return 4;
+   * against 0.827: perf_notes_gaps.md v22; its warp kernel: 3, below), 6
+   * for its statistics pass (40 registers, two float4 a stage:
+   * stream_chunk.cuh) */
+  if (fl == kFlavourF32Masked) return pass == MTOPT__PASS_STATS ? 6 : 4;
   if (flavour_f32(fl)) return kind == MTOPT__KIND_SGD ? 4 : 1; /* 1: no cap */
   return fl == kFlavourMixed || fl == kFlavourNarrowSR ? 3 : 4;
 }
@@ -419,7 +421,7 @@ constexpr int blocks_per_sm(int fl, int kind) {
  * (perf_notes_masked.md, v27). The other flavours keep the order, not
  * measured in reverse. */
 template <int PASS, int KIND, int FL>
-__global__ void __launch_bounds__(kBlock, blocks_per_sm(FL, KIND))
+__global__ void __launch_bounds__(kBlock, blocks_per_sm(PASS, FL, KIND))
     block_kernel(mtopt__plan_t p, int64_t c0, int slices) {
   __shared__ ChunkView v;
   constexpr bool kReverse = PASS == MTOPT__PASS_STATS && FL == kFlavourF32Masked;

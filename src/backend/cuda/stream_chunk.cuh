@@ -81,8 +81,16 @@ __device__ __forceinline__ void stream_chunk(float *const (&p)[N], int32_t len, 
 
   /* Two stages of ILP float4 per array: the next stage's loads are issued
    * before the current stage is computed and stored, so a thread always has
-   * loads in flight (docs/perf_notes.md, v7). */
-  constexpr int ILP = kInFlight / (2 * N) > 0 ? kInFlight / (2 * N) : 1;
+   * loads in flight (docs/perf_notes.md, v7). The masked statistics pass of
+   * a block (kStage: one array, nothing stored) keeps two a stage: its
+   * kernel then fits 40 registers, 6 blocks an SM rather than 4, which
+   * cover more of each other's fixed costs (records, mask words, the block
+   * sum) around their 64 KB chunks: its statistics step +0.2 to 0.8 point
+   * on one H100 (perf_notes_masked.md, v29; step_kernels.cuh:
+   * blocks_per_sm). A thread's elements and their order stay the same, so
+   * do its sums. */
+  constexpr bool kStage = MASKED && STORE == 0u && TEAM == kBlock;
+  constexpr int ILP = kStage ? 2 : kInFlight / (2 * N) > 0 ? kInFlight / (2 * N) : 1;
   const int32_t n4 = (len - pro) >> 2;
   float4 *q[N];
 #pragma unroll
@@ -136,7 +144,6 @@ __device__ __forceinline__ void stream_chunk(float *const (&p)[N], int32_t len, 
    * (plans of short chunks) keep the global words too: staged, not
    * measured. */
   const int64_t eg = e0 + pro;
-  constexpr bool kStage = MASKED && STORE == 0u && TEAM == kBlock;
   constexpr int kStageWords = MTOPT__GAP_PLAN_CHUNK / 32 + 2;
   __shared__ uint32_t words[kStage ? kStageWords : 1];
   const int32_t sh0 = (int32_t)(eg & 31);
