@@ -408,7 +408,10 @@ constexpr int blocks_per_sm(int pass, int fl, int kind) {
    * registers; many-mixed 0.862 of the copy against 0.835 at 3, SGD 0.863
    * against 0.827: perf_notes_gaps.md v22; its warp kernel: 3, below), 6
    * for its statistics pass (40 registers, two float4 a stage:
-   * stream_chunk.cuh) */
+   * stream_chunk.cuh), which cover more of each other's fixed costs around
+   * their 64 KB chunks (records, mask words, the block sum): its statistics
+   * step +0.2 to 0.8 point, 4 blocks at 64 registers before (one H100,
+   * perf_notes_masked.md v29) */
   if (fl == kFlavourF32Masked) return pass == MTOPT__PASS_STATS ? 6 : 4;
   if (flavour_f32(fl)) return kind == MTOPT__KIND_SGD ? 4 : 1; /* 1: no cap */
   return fl == kFlavourMixed || fl == kFlavourNarrowSR ? 3 : 4;

@@ -82,15 +82,12 @@ __device__ __forceinline__ void stream_chunk(float *const (&p)[N], int32_t len, 
   /* Two stages of ILP float4 per array: the next stage's loads are issued
    * before the current stage is computed and stored, so a thread always has
    * loads in flight (docs/perf_notes.md, v7). The masked statistics pass of
-   * a block (kStage: one array, nothing stored) keeps two a stage: its
-   * kernel then fits 40 registers, 6 blocks an SM rather than 4, which
-   * cover more of each other's fixed costs (records, mask words, the block
-   * sum) around their 64 KB chunks: its statistics step +0.2 to 0.8 point
-   * on one H100 (perf_notes_masked.md, v29; step_kernels.cuh:
-   * blocks_per_sm). A thread's elements and their order stay the same, so
-   * do its sums. */
-  constexpr bool kStage = MASKED && STORE == 0u && TEAM == kBlock;
-  constexpr int ILP = kStage ? 2 : kInFlight / (2 * N) > 0 ? kInFlight / (2 * N) : 1;
+   * a block (kBlockStats: one array, nothing stored, the team a block)
+   * keeps two a stage, so that its kernel fits the registers of the 6
+   * blocks an SM it runs (step_kernels.cuh: blocks_per_sm). A thread's
+   * elements and their order do not depend on ILP, so neither do its sums. */
+  constexpr bool kBlockStats = MASKED && STORE == 0u && TEAM == kBlock;
+  constexpr int ILP = kBlockStats ? 2 : kInFlight / (2 * N) > 0 ? kInFlight / (2 * N) : 1;
   const int32_t n4 = (len - pro) >> 2;
   float4 *q[N];
 #pragma unroll
@@ -145,10 +142,10 @@ __device__ __forceinline__ void stream_chunk(float *const (&p)[N], int32_t len, 
    * measured. */
   const int64_t eg = e0 + pro;
   constexpr int kStageWords = MTOPT__GAP_PLAN_CHUNK / 32 + 2;
-  __shared__ uint32_t words[kStage ? kStageWords : 1];
+  __shared__ uint32_t words[kBlockStats ? kStageWords : 1];
   const int32_t sh0 = (int32_t)(eg & 31);
   bool staged = false;
-  if constexpr (kStage) {
+  if constexpr (kBlockStats) {
     const int64_t w0 = eg >> 5;
     const int32_t nw = n4 > 0 ? (int32_t)(((eg + 4 * (int64_t)n4 - 1) >> 5) - w0 + 1) : 0;
     staged = nw <= kStageWords;
@@ -160,7 +157,7 @@ __device__ __forceinline__ void stream_chunk(float *const (&p)[N], int32_t len, 
   auto bits = [&](int32_t i) -> unsigned {
     if constexpr (!MASKED) return 15u;
     if (i >= n4) return 0u;
-    if (kStage && staged) {
+    if (kBlockStats && staged) {
       const int32_t o = sh0 + 4 * i;
       const int sh = o & 31;
       unsigned b = words[o >> 5] >> sh;
