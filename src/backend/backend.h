@@ -39,8 +39,11 @@ typedef struct mtopt__backend_ops {
   /* Enqueues (CUDA) or runs (CPU) one pass over chunks [c0, c1) of the plan.
    * A step is the passes mtopt__step_passes lists, each over all chunks,
    * possibly in several ranges (the distributed layer runs a pass per
-   * bucket). hyper->chunks_done counts the chunks a pass has done; whoever
-   * completes the last chunk finalises: the end of STATS runs
+   * bucket). hyper->chunks_done counts the chunks a pass has done (the
+   * CUDA update's masked block kernels: the chunks that have read the hyper
+   * block, as the update has nothing of its own to finalise;
+   * step_kernels.cuh, counts_early); whoever counts the last finalises: the
+   * end of STATS runs
    * mtopt__stats_finalize over all slots in chunk order (or, with
    * plan->defer_stats, leaves the sums in plan->stats_sum), the end of the
    * last pass runs mtopt__step_commit. UPDATE and LAMB_APPLY do nothing when

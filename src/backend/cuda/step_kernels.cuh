@@ -47,6 +47,7 @@
 #ifndef MTOPT_BACKEND_CUDA_STEP_KERNELS_CUH
 #define MTOPT_BACKEND_CUDA_STEP_KERNELS_CUH
 
+#include <cuda/atomic>
 #include <cuda_runtime.h>
 #include <stdint.h>
 
@@ -99,6 +100,29 @@ __host__ __device__ constexpr int warp_claim() {
 
 /* ---- the end of a block: count, and finalise if last ---- */
 
+/* What the block that counts a pass's last unit does last, in one thread:
+ * every other block of the pass has counted, so none reads the hyper block
+ * again. */
+template <int PASS>
+__device__ __forceinline__ void end_pass(const mtopt__plan_t &p) {
+  mtopt__hyper_t *h = p.hyper;
+  h->chunks_done = 0;
+  if (mtopt__pass_ends_step(&p, PASS)) mtopt__step_commit(&p, h);
+}
+
+/* The update of AdamW, Adam and SGD fills no slots: its finaliser only needs
+ * every block to have read the hyper block (load_view), not to have done its
+ * elements. So a block kernel of that pass may count its unit as soon as its
+ * view is loaded (count_early, release: the reads come first); then only the
+ * block that counted last, when its own elements are done, ends the pass
+ * (acquire: a fence), and the other blocks end with their last store,
+ * without finish_block's barriers, fence and atomic round trip. Which
+ * kernels do: counts_early, by the flavours. */
+__device__ __forceinline__ unsigned count_early(const mtopt__plan_t &p) {
+  return cuda::atomic_ref<uint32_t, cuda::thread_scope_device>(p.hyper->chunks_done)
+      .fetch_add(1u, cuda::memory_order_release);
+}
+
 /* Every block calls it once, with all threads, counting the units it did
  * (chunks, or slices of chunks) out of the pass's total. The block that
  * completes the last unit of the pass (over all launches of the pass: the
@@ -143,10 +167,7 @@ __device__ void finish_block(const mtopt__plan_t &p, unsigned units, int64_t tot
       }
     }
   }
-  if (threadIdx.x == 0) {
-    h->chunks_done = 0; /* every other block of the pass has counted */
-    if (mtopt__pass_ends_step(&p, PASS)) mtopt__step_commit(&p, h);
-  }
+  if (threadIdx.x == 0) end_pass<PASS>(p);
 }
 
 /* What a block learns about its chunk, once, in thread 0. */
@@ -288,12 +309,16 @@ __device__ __forceinline__ void stream_view(const ChunkView &v, float *const (&a
 
 /* Every thread of the team calls it; v is the team's shared view. Slice k of
  * `slices` of chunk c (load_view); the passes with per-chunk slots (STATS,
- * LAMB) take whole chunks. */
+ * LAMB) take whole chunks. before (the block kernels counts_early names, a
+ * __shared__ word): the unit is counted once the view is loaded, and lane 0
+ * stores there the count before it (not a register: one held over the
+ * stream spilled in the kernels at their register bound). */
 template <int TEAM, int PASS, int KIND, bool MIXED, bool AHEAD = false, bool MASKED = false>
 __device__ __forceinline__ void do_chunk(const mtopt__plan_t &p, int64_t c, int k, int slices,
-                                         ChunkView &v) {
+                                         ChunkView &v, unsigned *before = nullptr) {
   if (team_lane<TEAM>() == 0) load_view<PASS, MIXED, MASKED>(p, c, k, slices, v);
   team_sync<TEAM>();
+  if (before && team_lane<TEAM>() == 0) *(volatile unsigned *)before = count_early(p);
   if constexpr (PASS == MTOPT__PASS_STATS) {
     double acc = 0.0;
     unsigned bad = 0u;
@@ -417,6 +442,18 @@ constexpr int blocks_per_sm(int pass, int fl, int kind) {
   return fl == kFlavourMixed || fl == kFlavourNarrowSR ? 3 : 4;
 }
 
+/* The block kernels that count their unit at its start (count_early): the
+ * masked flavour's update (AdamW, Adam, SGD; LAMB never runs it), whose
+ * blocks are short (8192-element slices), so that the end's barriers are a
+ * larger share of a block's life: SGD +0.8 to 1.0 point on many-mixed and
+ * tiny-50k, AdamW no change (one H100, docs/perf_notes_blocks.md v31).
+ * With the other flavours on GPT-2 XL it cost 0.3 (the count's round trip
+ * or two registers that build held more, not yet told apart), so they count
+ * at their end. */
+__host__ __device__ constexpr bool counts_early(int pass, int fl) {
+  return pass == MTOPT__PASS_UPDATE && fl == kFlavourF32Masked;
+}
+
 /* The masked statistics pass takes its chunks last to first (one a block,
  * slots per chunk: the same sums), so that the update, which starts at the
  * first, finds the gradients read last still in L2 (with plain loads:
@@ -427,11 +464,22 @@ template <int PASS, int KIND, int FL>
 __global__ void __launch_bounds__(kBlock, blocks_per_sm(PASS, FL, KIND))
     block_kernel(mtopt__plan_t p, int64_t c0, int slices) {
   __shared__ ChunkView v;
+  __shared__ unsigned before; /* kEarly: thread 0's count (do_chunk) */
   constexpr bool kReverse = PASS == MTOPT__PASS_STATS && FL == kFlavourF32Masked;
+  constexpr bool kEarly = counts_early(PASS, FL);
   const unsigned b = kReverse ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
   do_chunk<kBlock, PASS, KIND, !flavour_f32(FL), FL == kFlavourNarrowSR, FL == kFlavourF32Masked>(
-      p, c0 + b / slices, (int)(b % slices), slices, v);
-  finish_block<PASS>(p, 1u, p.num_chunks * slices);
+      p, c0 + b / slices, (int)(b % slices), slices, v, kEarly ? &before : nullptr);
+  const int64_t total = p.num_chunks * slices;
+  if constexpr (kEarly) {
+    const volatile unsigned &counted = before; /* thread 0's own store */
+    if (threadIdx.x == 0 && (int64_t)counted + 1 == total) {
+      __threadfence();
+      end_pass<PASS>(p);
+    }
+  } else {
+    finish_block<PASS>(p, 1u, total);
+  }
 }
 
 template <int PASS, int KIND, bool MIXED, bool MASKED>
