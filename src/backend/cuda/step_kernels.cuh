@@ -29,7 +29,7 @@
  * Slices: for the passes that reduce nothing across a chunk (the update of
  * AdamW, Adam and SGD; SGD's not with bf16 state rounded stochastically),
  * each chunk of a large-chunk plan is cut into slices of about kSliceLen
- * (kSliceLenNarrow) elements, a block per slice, the slices
+ * (kSliceLenNarrow, kSliceLenMasked) elements, a block per slice, the slices
  * of one chunk in consecutive blocks. The blocks resident at any moment then
  * cover a few dozen chunks end to end rather than a thin piece of each of
  * hundreds: with the same arithmetic, the same bytes scattered over hundreds
@@ -76,6 +76,13 @@ constexpr int64_t kSliceLen = 8192;
  * stochastic rounding keeps whole chunks (sliced: -0.9% on LLaMA 1.1B, +0.6%
  * on GPT-2 XL). */
 constexpr int64_t kSliceLenNarrow = 16384;
+/* The same for the masked flavour's update (the pooled plans of small
+ * tensors, all-F32): 4096 elements, with its blocks counting their unit at
+ * their start (counts_early): AdamW +1.2 and +0.6 point of the copy on
+ * many-mixed and tiny-50k, SGD +2.1 and +0.8, against 8192 with the end
+ * count (one H100, docs/perf_notes_blocks.md v31 and v32). Without the early
+ * count 4096 had cost SGD on tiny-50k 1.1 (perf_notes_masked.md, v29). */
+constexpr int64_t kSliceLenMasked = 4096;
 /* Slices start at multiples of this many elements from the chunk's start (4 KB
  * of fp32): slices of 9368 elements, whose warps' 512-byte accesses straddled
  * cache lines, ran at 0.84 of the copy against 0.96 at 8192. */
@@ -455,16 +462,18 @@ __global__ void __launch_bounds__(kBlock, 3)
 /* ---- the grid of a pass ---- */
 
 /* Slices per chunk of a large-chunk plan's pass (see "Slices" above): about
- * kSliceLenNarrow (bf16 state) or kSliceLen (the others) elements of a mean
- * chunk each (so that few slices are empty); 1 for the passes that fill
- * per-chunk slots, where the grid would pass 2^31-1 blocks, and for SGD with
- * bf16 state rounded stochastically (perf_notes.md v7 and v12,
- * perf_notes_mixed.md v14 and v22). */
+ * kSliceLenNarrow (bf16 state), kSliceLenMasked (the masked flavour) or
+ * kSliceLen (the others) elements of a mean chunk each (so that few slices
+ * are empty); 1 for the passes that fill per-chunk slots, where the grid
+ * would pass 2^31-1 blocks, and for SGD with bf16 state rounded
+ * stochastically (perf_notes.md v7 and v12, perf_notes_mixed.md v14 and
+ * v22). */
 template <int PASS, int KIND>
 int slices_of(const mtopt__plan_t &p) {
   if (PASS != MTOPT__PASS_UPDATE || KIND == MTOPT__KIND_LAMB) return 1;
   if (KIND == MTOPT__KIND_SGD && p.bf16_state && p.stochastic) return 1;
-  const int64_t per = p.bf16_state ? kSliceLenNarrow : kSliceLen;
+  const bool masked = p.all_f32 && p.masks; /* kFlavourF32Masked */
+  const int64_t per = p.bf16_state ? kSliceLenNarrow : masked ? kSliceLenMasked : kSliceLen;
   const int64_t len = p.mean_chunk_len < p.chunk_size ? p.mean_chunk_len : p.chunk_size;
   const int64_t s = (len + per - 1) / per;
   return s > 1 && p.num_chunks * s <= INT32_MAX ? (int)s : 1;
