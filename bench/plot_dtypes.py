@@ -37,10 +37,11 @@ def load(paths):
     for path in paths:
         with open(path) as f:
             j = json.load(f)
-        for r in j["rows"]:
-            runs.setdefault(j["meta"]["dtype"], {}).setdefault(r["shape"], {})[r["mode"]] = r
-            if r["shape"] not in shapes:
-                shapes.append(r["shape"])
+        for run in j if isinstance(j, list) else [j]:  # a list: several runs in one file
+            for r in run["rows"]:
+                runs.setdefault(run["meta"]["dtype"], {}).setdefault(r["shape"], {})[r["mode"]] = r
+                if r["shape"] not in shapes:
+                    shapes.append(r["shape"])
     return runs, shapes
 
 

@@ -10,9 +10,9 @@
 #   summary.txt       one line per step: status, exit code, seconds
 #   mtopt_bench.json  mtopt_bench --backend cuda, all nine shapes
 #   torch_bench.json  bench/torch_bench.py on the same shapes
-#   bench_table.md    bench/compare.py's table (docs/benchmarks.md, "GPU (H200)")
+#   bench_table.md    bench/compare.py's table (docs/benchmarks.md, the latest GPU run)
 #   bench_gpu.png     bench/compare.py's plot
-#   bench_dtypes.md   bench/plot_dtypes.py's table (docs/benchmarks.md, "Mixed precision")
+#   bench_dtypes.md   bench/plot_dtypes.py's table (the same section)
 #   bench_gpu_dtypes.png  its plot (where matplotlib is installed)
 #   logs.tar.gz       one log per step, the CSVs, the CMake/ctest logs
 #

@@ -78,10 +78,10 @@ constexpr int64_t kSliceLen = 8192;
 constexpr int64_t kSliceLenNarrow = 16384;
 /* The same for the masked flavour's update (the pooled plans of small
  * tensors, all-F32): 4096 elements, with its blocks counting their unit at
- * their start (counts_early): AdamW +1.2 and +0.6 point of the copy on
- * many-mixed and tiny-50k, SGD +2.1 and +0.8, against 8192 with the end
- * count (one H100, docs/perf_notes_blocks.md v31 and v32). Without the early
- * count 4096 had cost SGD on tiny-50k 1.1 (perf_notes_masked.md, v29). */
+ * their start (counts_early): AdamW +1.0 to 1.2 point of the copy on
+ * many-mixed and +0.6 to 0.7 on tiny-50k, SGD +0.9 to 1.0 and 0, against
+ * 8192 (one H100, docs/perf_notes_blocks.md v32). Without the early count
+ * 4096 had cost SGD on tiny-50k 1.1 (perf_notes_masked.md, v29). */
 constexpr int64_t kSliceLenMasked = 4096;
 /* Slices start at multiples of this many elements from the chunk's start (4 KB
  * of fp32): slices of 9368 elements, whose warps' 512-byte accesses straddled
@@ -379,11 +379,12 @@ constexpr int blocks_per_sm(int pass, int fl, int kind) {
 
 /* The block kernels that count their unit at its start (count_early): the
  * masked flavour's update (AdamW, Adam, SGD; LAMB never runs it), whose
- * blocks are short (8192-element slices), so that the end's barriers are a
+ * blocks are short (kSliceLenMasked), so that the end's barriers are a
  * larger share of a block's life: SGD +0.8 to 1.0 point on many-mixed and
  * tiny-50k, AdamW no change (one H100, docs/perf_notes_blocks.md v31).
- * With the other flavours on GPT-2 XL it cost 0.3 (the count's round trip
- * or two registers that build held more, not yet told apart), so they count
+ * With the other flavours on GPT-2 XL it cost 0.2 to 0.5 (v32; likelier the
+ * count's round trip before a long block's first load than the two
+ * registers those kernels took more, which cut no occupancy), so they count
  * at their end. */
 __host__ __device__ constexpr bool counts_early(int pass, int fl) {
   return pass == MTOPT__PASS_UPDATE && fl == kFlavourF32Masked;
