@@ -462,19 +462,20 @@ __global__ void __launch_bounds__(kBlock, 3)
 
 /* ---- the grid of a pass ---- */
 
-/* Slices per chunk of a large-chunk plan's pass (see "Slices" above): about
- * kSliceLenNarrow (bf16 state), kSliceLenMasked (the masked flavour) or
- * kSliceLen (the others) elements of a mean chunk each (so that few slices
- * are empty); 1 for the passes that fill per-chunk slots, where the grid
- * would pass 2^31-1 blocks, and for SGD with bf16 state rounded
- * stochastically (perf_notes.md v7 and v12, perf_notes_mixed.md v14 and
- * v22). */
-template <int PASS, int KIND>
+/* Slices per chunk of a large-chunk plan's pass (see "Slices" above), by the
+ * flavour launch picked for it: about kSliceLenNarrow (bf16 state),
+ * kSliceLenMasked (the masked flavour) or kSliceLen (the others) elements of
+ * a mean chunk each (so that few slices are empty); 1 for the passes that
+ * fill per-chunk slots, where the grid would pass 2^31-1 blocks, and for SGD
+ * with bf16 state rounded stochastically (perf_notes.md v7 and v12,
+ * perf_notes_mixed.md v14 and v22). */
+template <int PASS, int KIND, int FL>
 int slices_of(const mtopt__plan_t &p) {
   if (PASS != MTOPT__PASS_UPDATE || KIND == MTOPT__KIND_LAMB) return 1;
-  if (KIND == MTOPT__KIND_SGD && p.bf16_state && p.stochastic) return 1;
-  const bool masked = p.all_f32 && p.masks; /* kFlavourF32Masked */
-  const int64_t per = p.bf16_state ? kSliceLenNarrow : masked ? kSliceLenMasked : kSliceLen;
+  if (KIND == MTOPT__KIND_SGD && FL == kFlavourNarrowSR) return 1;
+  const int64_t per = FL == kFlavourNarrow || FL == kFlavourNarrowSR ? kSliceLenNarrow
+                      : FL == kFlavourF32Masked                      ? kSliceLenMasked
+                                                                     : kSliceLen;
   const int64_t len = p.mean_chunk_len < p.chunk_size ? p.mean_chunk_len : p.chunk_size;
   const int64_t s = (len + per - 1) / per;
   return s > 1 && p.num_chunks * s <= INT32_MAX ? (int)s : 1;
@@ -487,7 +488,7 @@ template <int PASS, int KIND, int FL>
 void launch(const mtopt__plan_t &p, int sm_count, int64_t c0, int64_t c1, cudaStream_t stream) {
   const int64_t n = c1 - c0;
   if (p.mean_chunk_len >= kWarpTeamBelow) {
-    const int slices = slices_of<PASS, KIND>(p);
+    const int slices = slices_of<PASS, KIND, FL>(p);
     block_kernel<PASS, KIND, FL><<<(unsigned)(n * slices), kBlock, 0, stream>>>(p, c0, slices);
     return;
   }
