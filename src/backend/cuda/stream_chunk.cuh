@@ -154,33 +154,56 @@ __device__ __forceinline__ void stream_chunk(float *const (&p)[N], int32_t len, 
       __syncthreads(); /* a block steps one chunk: the words are not reused */
     }
   }
-  auto bits = [&](int32_t i) -> unsigned {
+  /* A group's 4 bits, from one mask word or two where the group straddles
+   * words: fetch issues the loads of the global words and take combines
+   * them, an iteration later, so that no stage's data loads wait behind a
+   * word's round trip (the compiler consumes a load where it is written:
+   * taken at once, the word of the stage after next held each iteration
+   * until it came, before the next stage's loads; perf_notes_blocks.md
+   * v33). The staged words are read at take. */
+  struct Words {
+    uint32_t lo, hi;
+  };
+  auto fetch = [&](int32_t i) -> Words {
+    Words w{0u, 0u};
+    if (!MASKED || i >= n4 || (kBlockStats && staged)) return w;
+    const int64_t e = eg + 4 * (int64_t)i;
+    w.lo = __ldg(mask + (e >> 5));
+    if ((e & 31) > 28) w.hi = __ldg(mask + (e >> 5) + 1);
+    return w;
+  };
+  auto take = [&](int32_t i, const Words &w) -> unsigned {
     if constexpr (!MASKED) return 15u;
     if (i >= n4) return 0u;
+    const int32_t o = sh0 + 4 * i;
+    const int sh = o & 31;
+    unsigned lo = w.lo, hi = w.hi;
     if (kBlockStats && staged) {
-      const int32_t o = sh0 + 4 * i;
-      const int sh = o & 31;
-      unsigned b = words[o >> 5] >> sh;
-      if (sh > 28) b |= words[(o >> 5) + 1] << (32 - sh);
-      return b & 15u;
+      lo = words[o >> 5];
+      if (sh > 28) hi = words[(o >> 5) + 1];
     }
-    const int64_t e = eg + 4 * (int64_t)i;
-    const int sh = (int)(e & 31);
-    unsigned b = __ldg(mask + (e >> 5)) >> sh;
-    if (sh > 28) b |= __ldg(mask + (e >> 5) + 1) << (32 - sh);
+    unsigned b = lo >> sh;
+    if (sh > 28) b |= hi << (32 - sh);
     return b & 15u;
   };
-  unsigned br[ILP], bn[ILP], ba[ILP]; /* the bits of r, of next, of the stage after */
+  unsigned br[ILP], bn[ILP]; /* the bits of r and of next */
+  Words wa[ILP], wn[ILP];    /* words (before the loop: of r and of next;
+                              * in it, wa: of the stage after next) */
 #pragma unroll
   for (int u = 0; u < ILP; u++) {
-    br[u] = bits(tid + u * TEAM);
-    bn[u] = bits(tid + (ILP + u) * TEAM);
+    wa[u] = fetch(tid + u * TEAM);
+    wn[u] = fetch(tid + (ILP + u) * TEAM);
+  }
+#pragma unroll
+  for (int u = 0; u < ILP; u++) {
+    br[u] = take(tid + u * TEAM, wa[u]);
+    bn[u] = take(tid + (ILP + u) * TEAM, wn[u]);
   }
   if (!(MASKED && whole)) load(r, tid, br);
   for (int32_t base = tid; base < n4; base += TEAM * ILP) {
-#pragma unroll
-    for (int u = 0; u < ILP; u++) ba[u] = bits(base + (2 * ILP + u) * TEAM);
     load(next, base + TEAM * ILP, bn);
+#pragma unroll
+    for (int u = 0; u < ILP; u++) wa[u] = fetch(base + (2 * ILP + u) * TEAM);
 #pragma unroll
     for (int u = 0; u < ILP; u++) {
       const int32_t i = base + u * TEAM;
@@ -217,7 +240,7 @@ __device__ __forceinline__ void stream_chunk(float *const (&p)[N], int32_t len, 
 #pragma unroll
     for (int u = 0; u < ILP; u++) {
       br[u] = bn[u];
-      bn[u] = ba[u];
+      bn[u] = take(base + (2 * ILP + u) * TEAM, wa[u]);
 #pragma unroll
       for (int k = 0; k < N; k++) r[u][k] = next[u][k];
     }
