@@ -126,9 +126,8 @@ struct ChunkView {
  * ceil(chunk_size / slices) elements rounded up to kSliceAlign, from the
  * chunk's start: a chunk shorter than chunk_size leaves its last slices
  * empty. */
-template <int PASS, bool MIXED, bool MASKED>
-__device__ __forceinline__ void load_view(const mtopt__plan_t &p, int64_t c, int k, int slices,
-                                          ChunkView &v) {
+__device__ __forceinline__ mtopt__chunk_rec_t slice_rec(const mtopt__plan_t &p, int64_t c, int k,
+                                                        int slices) {
   mtopt__chunk_rec_t ch = p.chunks[c];
   if (slices > 1) {
     const int64_t per =
@@ -138,6 +137,14 @@ __device__ __forceinline__ void load_view(const mtopt__plan_t &p, int64_t c, int
     ch.start += lo;
     ch.len = (int32_t)(hi - lo);
   }
+  return ch;
+}
+
+/* The view of that slice, by thread 0 of the team. */
+template <int PASS, bool MIXED, bool MASKED>
+__device__ __forceinline__ void load_view(const mtopt__plan_t &p, int64_t c, int k, int slices,
+                                          ChunkView &v) {
+  const mtopt__chunk_rec_t ch = slice_rec(p, c, k, slices);
   const mtopt__tensor_rec_t *t = &p.tensors[ch.tensor];
   const mtopt__hyper_t *h = p.hyper;
   v.w = t->w + ch.start;
@@ -161,6 +168,34 @@ __device__ __forceinline__ void load_view(const mtopt__plan_t &p, int64_t c, int
     v.rec = *t;
     if (PASS != MTOPT__PASS_STATS && !v.skip) v.sr = mtopt__sr_for(&p, h, t);
   }
+}
+
+/* The block kernels whose warps 1 to 7 prefetch their slice (prefetch_slice)
+ * while thread 0 loads the view: the masked flavour's update. */
+template <int TEAM, int PASS, bool MASKED>
+__host__ __device__ constexpr bool prefetches() {
+  return TEAM == kBlock && PASS == MTOPT__PASS_UPDATE && MASKED;
+}
+constexpr int kPrefetchLines = (kBlock - 32) / 4; /* 128-byte lines of each array */
+
+/* The first kPrefetchLines lines of each of slice k's arrays into L2, by
+ * warps 1 to 7 (a line a thread), where the record's arrays are whole
+ * allocations (MTOPT__FLAG_WHOLE_GROUPS: a gap's address is mapped): each
+ * block's first stages then meet L2, not DRAM. The masked update's blocks
+ * are short (kSliceLenMasked), and before they load a byte each waits on
+ * thread 0's chain of record loads: tiny-50k fused AdamW 0.912 -> 0.931 of
+ * the copy, SGD 0.910 -> 0.936, their statistics steps +1.4 and +2.4 points,
+ * many-mixed AdamW -0.2, SGD +0.6 (one H100); the same for the statistics
+ * pass's chunks gained nothing at 28 KB a block and lost at 56
+ * (docs/perf_notes_blocks.md v34). */
+__device__ __forceinline__ void prefetch_slice(const mtopt__plan_t &p, int64_t c, int k,
+                                               int slices) {
+  const mtopt__chunk_rec_t ch = slice_rec(p, c, k, slices);
+  const mtopt__tensor_rec_t *t = &p.tensors[ch.tensor];
+  const int j = (int)threadIdx.x - 32, line = j % kPrefetchLines, a = j / kPrefetchLines;
+  if (!(t->flags & MTOPT__FLAG_WHOLE_GROUPS) || (int64_t)line * 32 >= ch.len) return;
+  const float *q = a == 0 ? t->w : a == 1 ? t->g : a == 2 ? t->s0 : t->s1;
+  if (q) asm volatile("prefetch.global.L2 [%0];" ::"l"(q + ch.start + 32 * line));
 }
 
 /* ---- the mixed-precision passes: one element at a time through
@@ -252,6 +287,8 @@ template <int TEAM, int PASS, int KIND, bool MIXED, bool AHEAD = false, bool MAS
 __device__ __forceinline__ void do_chunk(const mtopt__plan_t &p, int64_t c, int k, int slices,
                                          ChunkView &v, unsigned *before = nullptr) {
   if (team_lane<TEAM>() == 0) load_view<PASS, MIXED, MASKED>(p, c, k, slices, v);
+  if constexpr (prefetches<TEAM, PASS, MASKED>())
+    if (threadIdx.x >= 32) prefetch_slice(p, c, k, slices);
   team_sync<TEAM>();
   if (before && team_lane<TEAM>() == 0) *(volatile unsigned *)before = count_early(p);
   if constexpr (PASS == MTOPT__PASS_STATS) {
