@@ -176,11 +176,13 @@ template <int TEAM, int PASS, bool MASKED>
 __host__ __device__ constexpr bool prefetches() {
   return TEAM == kBlock && PASS == MTOPT__PASS_UPDATE && MASKED;
 }
-constexpr int kPrefetchLines = (kBlock - 32) / 4; /* 128-byte lines of each array */
+constexpr int kLineFloats = 32;                    /* a 128-byte line of fp32 */
+constexpr int kPrefetchLines = (kBlock - 32) / 4; /* lines of each array, a thread each */
 
 /* The first kPrefetchLines lines of each of slice k's arrays into L2, by
- * warps 1 to 7 (a line a thread), where the record's arrays are whole
- * allocations (MTOPT__FLAG_WHOLE_GROUPS: a gap's address is mapped): each
+ * warps 1 to 7 (a line a thread; warp 0 returns: its thread 0 loads the
+ * view), where the record's arrays are whole allocations
+ * (MTOPT__FLAG_WHOLE_GROUPS: a gap's address is mapped): each
  * block's first stages then meet L2, not DRAM. The masked update's blocks
  * are short (kSliceLenMasked), and before they load a byte each waits on
  * thread 0's chain of record loads: tiny-50k fused AdamW 0.912 -> 0.931 of
@@ -190,12 +192,14 @@ constexpr int kPrefetchLines = (kBlock - 32) / 4; /* 128-byte lines of each arra
  * (docs/perf_notes_blocks.md v34). */
 __device__ __forceinline__ void prefetch_slice(const mtopt__plan_t &p, int64_t c, int k,
                                                int slices) {
+  const int j = (int)threadIdx.x - 32;
+  if (j < 0) return;
+  const int line = j % kPrefetchLines, a = j / kPrefetchLines;
   const mtopt__chunk_rec_t ch = slice_rec(p, c, k, slices);
   const mtopt__tensor_rec_t *t = &p.tensors[ch.tensor];
-  const int j = (int)threadIdx.x - 32, line = j % kPrefetchLines, a = j / kPrefetchLines;
-  if (!(t->flags & MTOPT__FLAG_WHOLE_GROUPS) || (int64_t)line * 32 >= ch.len) return;
+  if (!(t->flags & MTOPT__FLAG_WHOLE_GROUPS) || (int64_t)line * kLineFloats >= ch.len) return;
   const float *q = a == 0 ? t->w : a == 1 ? t->g : a == 2 ? t->s0 : t->s1;
-  if (q) asm volatile("prefetch.global.L2 [%0];" ::"l"(q + ch.start + 32 * line));
+  if (q) asm volatile("prefetch.global.L2 [%0];" ::"l"(q + ch.start + kLineFloats * line));
 }
 
 /* ---- the mixed-precision passes: one element at a time through
@@ -287,8 +291,7 @@ template <int TEAM, int PASS, int KIND, bool MIXED, bool AHEAD = false, bool MAS
 __device__ __forceinline__ void do_chunk(const mtopt__plan_t &p, int64_t c, int k, int slices,
                                          ChunkView &v, unsigned *before = nullptr) {
   if (team_lane<TEAM>() == 0) load_view<PASS, MIXED, MASKED>(p, c, k, slices, v);
-  if constexpr (prefetches<TEAM, PASS, MASKED>())
-    if (threadIdx.x >= 32) prefetch_slice(p, c, k, slices);
+  if constexpr (prefetches<TEAM, PASS, MASKED>()) prefetch_slice(p, c, k, slices);
   team_sync<TEAM>();
   if (before && team_lane<TEAM>() == 0) *(volatile unsigned *)before = count_early(p);
   if constexpr (PASS == MTOPT__PASS_STATS) {
